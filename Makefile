@@ -1,0 +1,34 @@
+# The two commands a newcomer runs: `make demo` and `make test`. Both create .venv when needed.
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: venv demo test test-slow lint clean
+
+venv: $(STAMP)
+
+$(STAMP): requirements/cpu.txt requirements/torchrec.txt pyproject.toml
+	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (Python 3.11)"; exit 1; }
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -r requirements/cpu.txt
+	$(PY) -m pip install -q --no-deps -r requirements/torchrec.txt
+	$(PY) -m pip install -q --no-deps -e .
+	$(PY) -c "import torch, torchrec, fbgemm_gpu; assert torch.version.cuda is None or torch.cuda.is_available(), 'a CUDA torch on a machine without GPU'"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m opengem.demo
+
+test: $(STAMP)
+	$(VENV)/bin/ruff check src tests
+	$(PY) -m pytest -q
+
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -m slow
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

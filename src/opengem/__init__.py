@@ -1,0 +1,3 @@
+"""opengem: a GEM-style ads recommendation foundation model."""
+
+__version__ = "0.1.0"

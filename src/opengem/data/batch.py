@@ -1,0 +1,115 @@
+"""Batch: one training step's worth of examples, moved to a device as one unit.
+
+Sequences stay jagged (values + offsets) all the way to the model: padding is a model-side choice,
+never a storage format, so a 2,000-event history costs memory only where it exists.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+
+@dataclass
+class SequenceBatch:
+    """One sequence group for B rows: per-field flat values sharing ``lengths`` (oldest event first)."""
+
+    lengths: torch.Tensor  # [B] int64
+    ids: dict[str, torch.Tensor] = field(default_factory=dict)  # field -> [sum(lengths)] int64
+    dense: dict[str, torch.Tensor] = field(default_factory=dict)  # field -> [sum(lengths)] float32
+
+    @property
+    def offsets(self) -> torch.Tensor:
+        return torch.ops.fbgemm.asynchronous_complete_cumsum(self.lengths)
+
+    @property
+    def max_len(self) -> int:
+        return int(self.lengths.max()) if self.lengths.numel() else 0
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> SequenceBatch:
+        return SequenceBatch(
+            lengths=self.lengths.to(device, non_blocking=non_blocking),
+            ids={k: v.to(device, non_blocking=non_blocking) for k, v in self.ids.items()},
+            dense={k: v.to(device, non_blocking=non_blocking) for k, v in self.dense.items()},
+        )
+
+    def padded(self, name: str, max_len: int | None = None, pad_value: float = 0) -> torch.Tensor:
+        """[B, L] dense view of one field (for reference implementations and tests)."""
+        values = self.ids[name] if name in self.ids else self.dense[name]
+        L = self.max_len if max_len is None else max_len
+        if self.lengths.numel() and int(self.lengths.max()) > L:
+            raise ValueError(f"padded: a row has {int(self.lengths.max())} events, more than {L}")
+        out = torch.full((self.lengths.shape[0], L), pad_value, dtype=values.dtype, device=values.device)
+        out[self.mask(L)] = values
+        return out
+
+    def mask(self, max_len: int | None = None) -> torch.Tensor:
+        """[B, L] bool, True where an event exists."""
+        L = self.max_len if max_len is None else max_len
+        return torch.arange(L, device=self.lengths.device)[None, :] < self.lengths[:, None]
+
+
+@dataclass
+class Batch:
+    dense: torch.Tensor  # [B, Dd] float32
+    sparse: KeyedJaggedTensor  # keys = schema sparse feature names
+    sequences: dict[str, SequenceBatch]  # group name -> SequenceBatch
+    labels: torch.Tensor  # [B, T] float32 (0 where unobserved)
+    label_mask: torch.Tensor  # [B, T] bool, True where observed
+    surface: torch.Tensor  # [B] int64
+    example_id: torch.Tensor  # [B] int64
+    ts: torch.Tensor  # [B] int64
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.surface.shape[0])
+
+    def __len__(self) -> int:
+        return self.batch_size
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
+        return Batch(
+            dense=self.dense.to(device, non_blocking=non_blocking),
+            sparse=self.sparse.to(torch.device(device), non_blocking=non_blocking),
+            sequences={k: v.to(device, non_blocking) for k, v in self.sequences.items()},
+            labels=self.labels.to(device, non_blocking=non_blocking),
+            label_mask=self.label_mask.to(device, non_blocking=non_blocking),
+            surface=self.surface.to(device, non_blocking=non_blocking),
+            example_id=self.example_id.to(device, non_blocking=non_blocking),
+            ts=self.ts.to(device, non_blocking=non_blocking),
+        )
+
+    def pin_memory(self) -> Batch:
+        return Batch(
+            dense=self.dense.pin_memory(),
+            sparse=self.sparse.pin_memory(),
+            sequences={
+                k: SequenceBatch(
+                    v.lengths.pin_memory(),
+                    {f: t.pin_memory() for f, t in v.ids.items()},
+                    {f: t.pin_memory() for f, t in v.dense.items()},
+                )
+                for k, v in self.sequences.items()
+            },
+            labels=self.labels.pin_memory(),
+            label_mask=self.label_mask.pin_memory(),
+            surface=self.surface.pin_memory(),
+            example_id=self.example_id.pin_memory(),
+            ts=self.ts.pin_memory(),
+        )
+
+    def sequence_kjt(self) -> KeyedJaggedTensor:
+        """All sequence id fields as one KJT with keys ``<group>__<field>`` (for EmbeddingCollection)."""
+        keys, values, lengths = [], [], []
+        for g, sb in self.sequences.items():
+            for f, v in sb.ids.items():
+                keys.append(f"{g}__{f}")
+                values.append(v)
+                lengths.append(sb.lengths)
+        if not keys:
+            return KeyedJaggedTensor.empty()
+        return KeyedJaggedTensor.from_lengths_sync(
+            keys=keys, values=torch.cat(values), lengths=torch.cat(lengths)
+        )

@@ -1,0 +1,437 @@
+"""FeatureSchema: the declared shape of every dataset opengem reads.
+
+The schema is the contract between data and model: the simulator, the adapters, the validator, the
+loader and the embedding layer all read it, so one TOML file describes a dataset completely. Loading
+is strict: an unknown key, a duplicate name, a task without a column or a negative size fails with a
+message naming the offending key, because a silently ignored typo in a schema becomes a silently wrong
+model.
+
+Canonical Parquet column names follow from the schema:
+- each sparse feature is a column of its name (int64, or list<int64> when ``multi_valued``);
+- each dense feature is a float column of its name;
+- each sequence field is a list column named ``<group>__<field>`` (oldest event first);
+- ``example_id`` (int64), the time column (int64), the surface column (int32 index into
+  ``surfaces``) and one float column per task label (null = not observed).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+POOLINGS = ("sum", "mean")
+OOV_POLICIES = ("error", "hash", "clamp", "skip")
+NAN_POLICIES = ("error", "zero", "skip")
+OVERFLOW_POLICIES = ("error", "truncate", "skip")
+SEQ_FIELD_KINDS = ("id", "dense")
+SEQ_SEP = "__"
+
+
+class SchemaError(ValueError):
+    """A schema file or dict that does not describe a valid dataset."""
+
+
+@dataclass(frozen=True)
+class SparseFeature:
+    """A categorical feature looked up in an embedding table.
+
+    ``vocab`` is the number of ids (ids must lie in [0, vocab)). ``table`` names the embedding table;
+    features (and sequence fields) that name the same table share it, e.g. the ad being ranked and
+    the ads in a user's history. ``on_oov`` says what to do with an id outside the vocabulary.
+    """
+
+    name: str
+    vocab: int
+    dim: int = 16
+    pooling: str = "sum"
+    multi_valued: bool = False
+    table: str = ""
+    on_oov: str = "error"
+
+    @property
+    def table_name(self) -> str:
+        return self.table or self.name
+
+
+@dataclass(frozen=True)
+class DenseFeature:
+    name: str
+    on_nan: str = "error"
+
+
+@dataclass(frozen=True)
+class SequenceField:
+    """One aligned per-event field of a sequence group (item id, action type, time delta ...)."""
+
+    name: str
+    kind: str = "id"
+    vocab: int = 0
+    dim: int = 16
+    table: str = ""
+    on_oov: str = "error"
+    on_nan: str = "error"
+
+    @property
+    def table_name(self) -> str:
+        return self.table or self.name
+
+
+@dataclass(frozen=True)
+class SequenceGroup:
+    """Per-event fields that share one length per row (a behaviour history)."""
+
+    name: str
+    max_len: int
+    fields: tuple[SequenceField, ...]
+    on_overflow: str = "error"
+
+    def column(self, field_name: str) -> str:
+        return f"{self.name}{SEQ_SEP}{field_name}"
+
+    @property
+    def id_fields(self) -> tuple[SequenceField, ...]:
+        return tuple(f for f in self.fields if f.kind == "id")
+
+    @property
+    def dense_fields(self) -> tuple[SequenceField, ...]:
+        return tuple(f for f in self.fields if f.kind == "dense")
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    column: str = ""
+    weight: float = 1.0
+
+    @property
+    def label_column(self) -> str:
+        return self.column or self.name
+
+
+@dataclass(frozen=True)
+class FeatureSchema:
+    name: str
+    surfaces: tuple[str, ...]
+    tasks: tuple[Task, ...]
+    sparse: tuple[SparseFeature, ...] = ()
+    dense: tuple[DenseFeature, ...] = ()
+    sequences: tuple[SequenceGroup, ...] = ()
+    surface_column: str = "surface"
+    time_column: str = "ts"
+    example_id_column: str = "example_id"
+    on_error: str = "error"
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    # ----------------------------------------------------------------- derived names
+    @property
+    def task_names(self) -> list[str]:
+        return [t.name for t in self.tasks]
+
+    @property
+    def sparse_names(self) -> list[str]:
+        return [f.name for f in self.sparse]
+
+    @property
+    def dense_names(self) -> list[str]:
+        return [f.name for f in self.dense]
+
+    def sequence(self, name: str) -> SequenceGroup:
+        for g in self.sequences:
+            if g.name == name:
+                return g
+        raise KeyError(f"schema {self.name!r} has no sequence group {name!r}")
+
+    def sparse_feature(self, name: str) -> SparseFeature:
+        for f in self.sparse:
+            if f.name == name:
+                return f
+        raise KeyError(f"schema {self.name!r} has no sparse feature {name!r}")
+
+    def feature_columns(self) -> list[str]:
+        """Every column a model may read (labels and bookkeeping excluded)."""
+        cols = [f.name for f in self.sparse] + [f.name for f in self.dense]
+        for g in self.sequences:
+            cols += [g.column(f.name) for f in g.fields]
+        return cols
+
+    def required_columns(self) -> list[str]:
+        return (
+            [self.example_id_column, self.time_column, self.surface_column]
+            + self.feature_columns()
+            + [t.label_column for t in self.tasks]
+        )
+
+    def tables(self) -> dict[str, tuple[int, int]]:
+        """Embedding tables as name -> (vocab, dim), shared tables merged (largest vocab wins)."""
+        out: dict[str, tuple[int, int]] = {}
+        specs: list[tuple[str, int, int]] = [(f.table_name, f.vocab, f.dim) for f in self.sparse]
+        for g in self.sequences:
+            specs += [(f.table_name, f.vocab, f.dim) for f in g.id_fields]
+        for name, vocab, dim in specs:
+            if name in out and out[name][1] != dim:
+                raise SchemaError(f"table {name!r} is shared by features of different dims")
+            out[name] = (max(vocab, out.get(name, (0, dim))[0]), dim)
+        return out
+
+    # ----------------------------------------------------------------- (de)serialisation
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "name": self.name,
+            "surfaces": list(self.surfaces),
+            "surface_column": self.surface_column,
+            "time_column": self.time_column,
+            "example_id_column": self.example_id_column,
+            "on_error": self.on_error,
+            "sparse": [_asdict(f) for f in self.sparse],
+            "dense": [_asdict(f) for f in self.dense],
+            "sequence": [
+                {
+                    "name": g.name,
+                    "max_len": g.max_len,
+                    "on_overflow": g.on_overflow,
+                    "fields": [_asdict(f) for f in g.fields],
+                }
+                for g in self.sequences
+            ],
+            "task": [_asdict(t) for t in self.tasks],
+        }
+        if self.extra:
+            d["extra"] = dict(self.extra)
+        return d
+
+    def to_toml(self) -> str:
+        return dumps_toml(self.to_dict())
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_toml())
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], source: str = "<dict>") -> FeatureSchema:
+        return _parse_schema(d, source)
+
+    @classmethod
+    def load(cls, path: str | Path) -> FeatureSchema:
+        path = Path(path)
+        try:
+            data = tomllib.loads(path.read_text())
+        except FileNotFoundError:
+            raise SchemaError(f"{path}: schema file not found") from None
+        except tomllib.TOMLDecodeError as e:
+            raise SchemaError(f"{path}: not valid TOML: {e}") from None
+        return _parse_schema(data, str(path))
+
+
+# --------------------------------------------------------------------------- parsing
+def _asdict(obj: Any) -> dict[str, Any]:
+    out = {}
+    for k in obj.__dataclass_fields__:
+        v = getattr(obj, k)
+        if v == "" or v is None:
+            continue
+        out[k] = v
+    return out
+
+
+def _take(d: dict[str, Any], allowed: dict[str, type | tuple[type, ...]], where: str,
+          required: tuple[str, ...] = ()) -> dict[str, Any]:
+    if not isinstance(d, dict):
+        raise SchemaError(f"{where}: expected a table, got {type(d).__name__}")
+    for k in d:
+        if k not in allowed:
+            raise SchemaError(f"{where}: unknown key {k!r} (allowed: {', '.join(sorted(allowed))})")
+    for k in required:
+        if k not in d:
+            raise SchemaError(f"{where}: missing required key {k!r}")
+    for k, v in d.items():
+        types = allowed[k]
+        if isinstance(v, bool) and types in (int, float, (int, float)):
+            raise SchemaError(f"{where}.{k}: expected a number, got {v!r}")
+        if not isinstance(v, types):
+            raise SchemaError(f"{where}.{k}: wrong type {type(v).__name__} (value {v!r})")
+    return d
+
+
+def _check_choice(value: str, choices: tuple[str, ...], where: str) -> None:
+    if value not in choices:
+        raise SchemaError(f"{where}: {value!r} is not one of {', '.join(choices)}")
+
+
+def _check_positive(value: int, where: str, allow_zero: bool = False) -> None:
+    if value < 0 or (value == 0 and not allow_zero):
+        raise SchemaError(f"{where}: must be {'>= 0' if allow_zero else '> 0'}, got {value}")
+
+
+def _parse_schema(d: dict[str, Any], src: str) -> FeatureSchema:
+    top = _take(
+        d,
+        {
+            "name": str, "surfaces": list, "surface_column": str, "time_column": str,
+            "example_id_column": str, "on_error": str, "sparse": list, "dense": list,
+            "sequence": list, "task": list, "extra": dict,
+        },
+        src,
+        required=("name", "surfaces", "task"),
+    )
+    on_error = top.get("on_error", "error")
+    _check_choice(on_error, ("error", "skip"), f"{src}: on_error")
+    default_oov = "error" if on_error == "error" else "skip"
+    default_nan = "error" if on_error == "error" else "skip"
+    default_overflow = "error" if on_error == "error" else "truncate"
+
+    surfaces = top["surfaces"]
+    if not surfaces or not all(isinstance(s, str) for s in surfaces):
+        raise SchemaError(f"{src}: surfaces must be a non-empty list of names")
+    if len(set(surfaces)) != len(surfaces):
+        raise SchemaError(f"{src}: surfaces has a duplicate name")
+
+    names: dict[str, str] = {}
+
+    def claim(name: str, where: str) -> None:
+        if not name:
+            raise SchemaError(f"{where}: empty name")
+        if SEQ_SEP in name:
+            raise SchemaError(f"{where}: name {name!r} may not contain {SEQ_SEP!r}")
+        if name in names:
+            raise SchemaError(f"{where}: duplicate name {name!r} (already used by {names[name]})")
+        names[name] = where
+
+    sparse = []
+    for i, s in enumerate(top.get("sparse", [])):
+        where = f"{src}: sparse[{i}]"
+        s = _take(s, {"name": str, "vocab": int, "dim": int, "pooling": str,
+                      "multi_valued": bool, "table": str, "on_oov": str}, where, ("name", "vocab"))
+        claim(s["name"], where)
+        _check_positive(s["vocab"], f"{where}.vocab")
+        _check_positive(s.get("dim", 16), f"{where}.dim")
+        _check_choice(s.get("pooling", "sum"), POOLINGS, f"{where}.pooling")
+        s.setdefault("on_oov", default_oov)
+        _check_choice(s["on_oov"], OOV_POLICIES, f"{where}.on_oov")
+        sparse.append(SparseFeature(**s))
+
+    dense = []
+    for i, s in enumerate(top.get("dense", [])):
+        where = f"{src}: dense[{i}]"
+        s = _take(s, {"name": str, "on_nan": str}, where, ("name",))
+        claim(s["name"], where)
+        s.setdefault("on_nan", default_nan)
+        _check_choice(s["on_nan"], NAN_POLICIES, f"{where}.on_nan")
+        dense.append(DenseFeature(**s))
+
+    groups = []
+    for i, g in enumerate(top.get("sequence", [])):
+        where = f"{src}: sequence[{i}]"
+        g = _take(g, {"name": str, "max_len": int, "fields": list, "on_overflow": str}, where,
+                  ("name", "max_len", "fields"))
+        claim(g["name"], where)
+        _check_positive(g["max_len"], f"{where}.max_len")
+        overflow = g.get("on_overflow", default_overflow)
+        _check_choice(overflow, OVERFLOW_POLICIES, f"{where}.on_overflow")
+        if not g["fields"]:
+            raise SchemaError(f"{where}.fields: a sequence group needs at least one field")
+        fields = []
+        seen: set[str] = set()
+        for j, f in enumerate(g["fields"]):
+            fwhere = f"{where}.fields[{j}]"
+            f = _take(f, {"name": str, "kind": str, "vocab": int, "dim": int, "table": str,
+                          "on_oov": str, "on_nan": str}, fwhere, ("name",))
+            if f["name"] in seen:
+                raise SchemaError(f"{fwhere}: duplicate field name {f['name']!r}")
+            seen.add(f["name"])
+            kind = f.get("kind", "id")
+            _check_choice(kind, SEQ_FIELD_KINDS, f"{fwhere}.kind")
+            if kind == "id":
+                if "vocab" not in f:
+                    raise SchemaError(f"{fwhere}: missing required key 'vocab' for an id field")
+                _check_positive(f["vocab"], f"{fwhere}.vocab")
+            _check_positive(f.get("dim", 16), f"{fwhere}.dim")
+            f.setdefault("on_oov", default_oov)
+            f.setdefault("on_nan", default_nan)
+            _check_choice(f["on_oov"], OOV_POLICIES, f"{fwhere}.on_oov")
+            _check_choice(f["on_nan"], NAN_POLICIES, f"{fwhere}.on_nan")
+            fields.append(SequenceField(**f))
+        if not any(f.kind == "id" for f in fields):
+            raise SchemaError(f"{where}.fields: a sequence group needs at least one id field")
+        groups.append(SequenceGroup(name=g["name"], max_len=g["max_len"], fields=tuple(fields),
+                                    on_overflow=overflow))
+
+    tasks = []
+    if not top["task"]:
+        raise SchemaError(f"{src}: task: at least one task is required")
+    task_names: set[str] = set()
+    for i, t in enumerate(top["task"]):
+        where = f"{src}: task[{i}]"
+        t = _take(t, {"name": str, "column": str, "weight": (int, float)}, where, ("name",))
+        if "column" in t and not t["column"]:
+            raise SchemaError(f"{where}.column: a task needs a label column")
+        if t["name"] in task_names:
+            raise SchemaError(f"{where}: duplicate task name {t['name']!r}")
+        task_names.add(t["name"])
+        if t.get("weight", 1.0) < 0:
+            raise SchemaError(f"{where}.weight: must be >= 0, got {t['weight']}")
+        task = Task(name=t["name"], column=t.get("column", ""), weight=float(t.get("weight", 1.0)))
+        if task.label_column in names:
+            raise SchemaError(f"{where}.column: {task.label_column!r} is also a feature")
+        tasks.append(task)
+
+    schema = FeatureSchema(
+        name=top["name"],
+        surfaces=tuple(surfaces),
+        tasks=tuple(tasks),
+        sparse=tuple(sparse),
+        dense=tuple(dense),
+        sequences=tuple(groups),
+        surface_column=top.get("surface_column", "surface"),
+        time_column=top.get("time_column", "ts"),
+        example_id_column=top.get("example_id_column", "example_id"),
+        on_error=on_error,
+        extra=dict(top.get("extra", {})),
+    )
+    schema.tables()  # validates shared-table dims
+    return schema
+
+
+# --------------------------------------------------------------------------- TOML writing
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f"{k} = {_toml_value(x)}" for k, x in v.items()) + " }"
+    raise TypeError(f"cannot write {type(v).__name__} to TOML")
+
+
+def dumps_toml(d: dict[str, Any], prefix: str = "") -> str:
+    """Minimal TOML writer for nested dicts and arrays of tables (the stdlib only reads TOML)."""
+    lines: list[str] = []
+    tables: list[tuple[str, dict[str, Any]]] = []
+    arrays: list[tuple[str, list[dict[str, Any]]]] = []
+    for k, v in d.items():
+        if isinstance(v, dict) and not prefix.count(".") > 4:
+            tables.append((k, v))
+        elif isinstance(v, list) and v and all(isinstance(x, dict) for x in v):
+            arrays.append((k, v))
+        elif isinstance(v, list) and not v:
+            continue
+        elif v is None:
+            continue
+        else:
+            lines.append(f"{k} = {_toml_value(v)}")
+    out = "\n".join(lines) + ("\n" if lines else "")
+    for k, v in tables:
+        name = f"{prefix}{k}"
+        out += f"\n[{name}]\n" + dumps_toml(v, prefix=f"{name}.")
+    for k, items in arrays:
+        name = f"{prefix}{k}"
+        for item in items:
+            flat = {kk: vv for kk, vv in item.items()}
+            out += f"\n[[{name}]]\n" + "\n".join(
+                f"{kk} = {_toml_value(vv)}" for kk, vv in flat.items()
+            ) + "\n"
+    return out
