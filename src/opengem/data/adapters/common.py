@@ -1,0 +1,287 @@
+"""Shared pieces of the real-dataset adapters: vocabularies, user histories, canonical writing.
+
+Every adapter re-indexes categoricals on its *training* split only, because a vocabulary that has
+seen valid/test values leaks the future into the embedding tables; id 0 is reserved for anything the
+training split never showed (unknown, out-of-vocabulary, missing), so valid/test never go out of vocab.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from opengem.data.dataset import arrow_schema
+from opengem.data.schema import FeatureSchema
+
+SPLITS = ("train", "valid", "test")
+
+
+class AdapterError(ValueError):
+    """Source files that do not look like the dataset the adapter was written for."""
+
+
+# --------------------------------------------------------------------------- vocabularies
+@dataclass(frozen=True)
+class Vocab:
+    """Sorted distinct training values; value ``values[i]`` gets id ``i + 1`` and 0 means unknown."""
+
+    values: pa.Array
+
+    @classmethod
+    def fit(cls, arr: pa.Array | pa.ChunkedArray) -> Vocab:
+        if pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type):
+            arr = pc.list_flatten(arr)
+        uniq = pc.unique(arr).drop_null()
+        if isinstance(uniq, pa.ChunkedArray):
+            uniq = uniq.combine_chunks()
+        return cls(uniq.take(pc.sort_indices(uniq)))
+
+    @property
+    def size(self) -> int:
+        return len(self.values) + 1
+
+    def encode(self, arr: pa.Array | pa.ChunkedArray) -> np.ndarray:
+        idx = pc.index_in(arr, value_set=self.values)
+        return pc.fill_null(idx, -1).to_numpy(zero_copy_only=False).astype(np.int64) + 1
+
+    def encode_list(self, arr: pa.Array | pa.ChunkedArray) -> pa.Array:
+        """Encode a list<...> column element-wise, keeping its row structure (null rows -> [])."""
+        if isinstance(arr, pa.ChunkedArray):
+            arr = arr.combine_chunks()
+        arr = pc.fill_null(arr, pa.scalar([], arr.type))
+        ids = self.encode(pc.list_flatten(arr))
+        offsets = pc.subtract(arr.offsets, arr.offsets[0])
+        return pa.ListArray.from_arrays(offsets, pa.array(ids, pa.int64()))
+
+
+def encode_on_train(arr: pa.Array | pa.ChunkedArray, train_mask: np.ndarray) -> tuple[np.ndarray, int]:
+    """Fit a vocabulary on the training rows of a scalar column and encode every row."""
+    vocab = Vocab.fit(arr.filter(pa.array(train_mask)))
+    return vocab.encode(arr), vocab.size
+
+
+def encode_list_on_train(arr: pa.Array | pa.ChunkedArray, train_mask: np.ndarray) -> tuple[pa.Array, int]:
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    vocab = Vocab.fit(arr.filter(pa.array(train_mask)))
+    return vocab.encode_list(arr), vocab.size
+
+
+def log1p_dense(arr: pa.Array | pa.ChunkedArray | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``log1p(max(x, 0))`` with missing -> 0, plus a 0/1 missingness indicator.
+
+    Returning the indicator lets a model tell "missing" from "zero", which a bare 0 fill hides.
+    """
+    if isinstance(arr, np.ndarray):
+        x = arr.astype(np.float64)
+    else:
+        x = pc.cast(arr, pa.float64()).to_numpy(zero_copy_only=False)
+    missing = ~np.isfinite(x)
+    x = np.where(missing, 0.0, np.log1p(np.maximum(np.nan_to_num(x, nan=0.0), 0.0)))
+    return x.astype(np.float32), missing.astype(np.float32)
+
+
+# --------------------------------------------------------------------------- histories
+@dataclass(frozen=True)
+class History:
+    """Per-row user histories as gather indices: row r's events are ``events[offsets[r]:offsets[r+1]]``.
+
+    ``events`` index the source rows (oldest first); ``n_earlier`` counts all strictly earlier events
+    before truncation to ``max_len``; ``rows`` are the source rows the histories belong to.
+    """
+
+    offsets: np.ndarray
+    events: np.ndarray
+    n_earlier: np.ndarray
+    rows: np.ndarray
+
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    def field(self, values: np.ndarray) -> pa.Array:
+        """A list column of ``values`` (indexed by source row) over each row's history."""
+        offsets = pa.array(self.offsets.astype(np.int32))
+        return pa.ListArray.from_arrays(offsets, pa.array(values[self.events]))
+
+    def time_delta_hours(self, ts: np.ndarray, seconds_per_unit: float = 1.0) -> pa.Array:
+        """``log1p`` hours between each row and each of its history events (always > 0)."""
+        row_ts = np.repeat(ts[self.rows], self.lengths())
+        dt = (row_ts - ts[self.events]).astype(np.float64) * (seconds_per_unit / 3600.0)
+        flat = np.log1p(np.maximum(dt, 0.0)).astype(np.float32)
+        return pa.ListArray.from_arrays(pa.array(self.offsets.astype(np.int32)), pa.array(flat, pa.float32()))
+
+    def take(self, rows: np.ndarray) -> History:
+        """The histories of a subset of rows (in the given order), still indexing the source rows."""
+        lens = self.lengths()[rows]
+        offsets = np.zeros(len(rows) + 1, np.int64)
+        np.cumsum(lens, out=offsets[1:])
+        starts = self.offsets[:-1][rows]
+        idx = np.repeat(starts - offsets[:-1], lens) + np.arange(offsets[-1])
+        return History(offsets, self.events[idx], self.n_earlier[rows], self.rows[rows])
+
+
+def build_history(user: np.ndarray, ts: np.ndarray, max_len: int) -> History:
+    """For every row, the same user's events with a strictly smaller ``ts``: the last ``max_len``.
+
+    Vectorised: sort by (user, ts) stably, so a row's strictly earlier events are exactly the sorted
+    positions between its user's first position and the first position of its own (user, ts) run;
+    ties in ``ts`` are therefore never in each other's history (same-time events are not "earlier").
+    Among earlier events with equal ts, the source row order decides the order.
+    """
+    n = len(user)
+    if len(ts) != n:
+        raise AdapterError(f"history: user ({n}) and ts ({len(ts)}) lengths differ")
+    order = np.lexsort((ts, user))
+    su, st = user[order], ts[order]
+    pos = np.arange(n)
+    new_user = np.ones(n, bool)
+    new_user[1:] = su[1:] != su[:-1]
+    new_run = new_user.copy()
+    new_run[1:] |= st[1:] != st[:-1]
+    user_start = np.maximum.accumulate(np.where(new_user, pos, 0)) if n else pos
+    run_start = np.maximum.accumulate(np.where(new_run, pos, 0)) if n else pos
+    begin = np.maximum(user_start, run_start - max_len)
+    lens_sorted = run_start - begin
+    lens = np.empty(n, np.int64)
+    starts = np.empty(n, np.int64)
+    n_earlier = np.empty(n, np.int64)
+    lens[order] = lens_sorted
+    starts[order] = begin
+    n_earlier[order] = run_start - user_start
+    offsets = np.zeros(n + 1, np.int64)
+    np.cumsum(lens, out=offsets[1:])
+    idx_sorted = np.repeat(starts - offsets[:-1], lens) + np.arange(offsets[-1])
+    return History(offsets, order[idx_sorted], n_earlier, np.arange(n))
+
+
+def first_users_limit(user: np.ndarray, limit: int | None) -> np.ndarray:
+    """Row mask keeping the users with the smallest ids whose rows total at most ``limit``.
+
+    A per-user cut (not a row cut) keeps every kept user's full timeline, so histories stay exact and
+    every time split still gets rows.
+    """
+    if limit is None:
+        return np.ones(len(user), bool)
+    uniq, counts = np.unique(user, return_counts=True)
+    keep = uniq[np.cumsum(counts) <= limit]
+    if len(keep) == 0:
+        keep = uniq[:1]
+    return np.isin(user, keep)
+
+
+# --------------------------------------------------------------------------- writing
+def make_table(schema: FeatureSchema, columns: Mapping[str, Any], where: str) -> pa.Table:
+    """A table with exactly ``arrow_schema(schema)``; a missing or ragged column is a clear error."""
+    target = arrow_schema(schema)
+    arrays = []
+    n = None
+    for f in target:
+        if f.name not in columns:
+            raise AdapterError(f"{where}: adapter produced no column {f.name!r}")
+        col = columns[f.name]
+        arr = col if isinstance(col, (pa.Array, pa.ChunkedArray)) else pa.array(col)
+        arr = arr.cast(f.type)
+        if n is None:
+            n = len(arr)
+        elif len(arr) != n:
+            raise AdapterError(f"{where}: column {f.name!r} has {len(arr)} rows, expected {n}")
+        if not f.nullable and arr.null_count:
+            raise AdapterError(f"{where}: column {f.name!r} has {arr.null_count} nulls")
+        arrays.append(arr)
+    return pa.Table.from_arrays(arrays, schema=target)
+
+
+def take_columns(columns: Mapping[str, Any], rows: np.ndarray) -> dict[str, Any]:
+    """Row subset of a dict of numpy arrays / Arrow arrays."""
+    idx = pa.array(rows, pa.int64())
+    out: dict[str, Any] = {}
+    for k, v in columns.items():
+        out[k] = v[rows] if isinstance(v, np.ndarray) else v.take(idx)
+    return out
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def label_rates(schema: FeatureSchema, table: pa.Table) -> dict[str, float | None]:
+    out: dict[str, float | None] = {}
+    for t in schema.tasks:
+        m = pc.mean(table[t.label_column]).as_py()
+        out[t.name] = None if m is None else round(float(m), 6)
+    return out
+
+
+def write_dataset(
+    out: str | Path,
+    schema: FeatureSchema,
+    tables: Mapping[str, pa.Table],
+    split_rule: str,
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Write schema.toml, ``<split>/part-00000.parquet`` for each split (in order) and summary.json."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    target = arrow_schema(schema)
+    splits: dict[str, Any] = {}
+    for name, table in tables.items():
+        if not table.schema.equals(target):
+            raise AdapterError(f"{out}/{name}: table schema differs from arrow_schema(schema)")
+        d = out / name
+        d.mkdir(exist_ok=True)
+        tmp = d / "part-00000.parquet.tmp"
+        pq.write_table(table, tmp)
+        os.replace(tmp, d / "part-00000.parquet")
+        ts = table[schema.time_column]
+        splits[name] = {
+            "rows": table.num_rows,
+            "label_rates": label_rates(schema, table),
+            "ts_min": pc.min(ts).as_py(),
+            "ts_max": pc.max(ts).as_py(),
+        }
+    tmp_schema = out / "schema.toml.tmp"
+    schema.save(tmp_schema)
+    os.replace(tmp_schema, out / "schema.toml")
+    summary: dict[str, Any] = {
+        "dataset": schema.name,
+        "partitions": list(tables),
+        "split_rule": split_rule,
+        "rows": sum(s["rows"] for s in splits.values()),
+        "splits": splits,
+        "vocab": {f.name: f.vocab for f in schema.sparse},
+    }
+    summary.update(extra or {})
+    _atomic_write_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def sparse_specs(vocabs: Mapping[str, int], dims: Mapping[str, int] | None = None,
+                 multi: Sequence[str] = (), tables: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+    """Schema ``[[sparse]]`` entries; dims default to a size-aware rule (small vocab, small dim)."""
+    out = []
+    for name, v in vocabs.items():
+        dim = (dims or {}).get(name) or (4 if v <= 16 else 8 if v <= 256 else 16)
+        d: dict[str, Any] = {"name": name, "vocab": int(v), "dim": dim}
+        if name in multi:
+            d.update(multi_valued=True, pooling="mean")
+        if tables and name in tables:
+            d["table"] = tables[name]
+        out.append(d)
+    return out
+
+
+def require_files(src: Path, names: Sequence[str]) -> None:
+    missing = [n for n in names if not (src / n).exists()]
+    if missing:
+        raise AdapterError(f"{src}: missing source file(s) {', '.join(missing)}")

@@ -1,0 +1,138 @@
+"""SimConfig (every simulator knob) and the FeatureSchema the simulator writes.
+
+Kept apart from the generator so that code which only needs the schema of simulated data (tests,
+configs, docs) does not import the generator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from opengem.data.schema import (
+    DenseFeature,
+    FeatureSchema,
+    SequenceField,
+    SequenceGroup,
+    SparseFeature,
+    Task,
+)
+
+SURFACE_NAMES = ("feed", "stories", "video", "messaging", "search", "marketplace", "reels", "notifications")
+N_ACTIONS = 5  # 0 organic view, 1 organic engage, 2 ad impression, 3 ad click, 4 ad conversion
+START_TS = 1_700_006_400  # 2023-11-15 00:00:00 UTC
+
+
+class SimConfigError(ValueError):
+    pass
+
+
+@dataclass
+class SimConfig:
+    """All simulator knobs; the defaults are the embedded default dataset."""
+
+    rows: int = 200_000
+    seed: int = 0
+    days: int = 7
+    surfaces: int = 4
+    users: int = 1_000_000
+    ads: int = 100_000
+    advertisers: int = 5_000
+    topics: int = 200  # ad categories == topics
+    objectives: int = 4
+    formats: int = 6
+    age_buckets: int = 8
+    countries: int = 60
+    devices: int = 5
+    interests_max: int = 5
+    seq_mean: float = 100.0
+    seq_max: int = 2000
+    recent_k: int = 20  # how many latest history events the click model reads for intent match
+    latent_dim: int = 8
+    emb_dim: int = 16
+    zipf_users: float = 0.85  # the busiest user sees ~2 % of impressions at 10^6 users
+    zipf_ads: float = 1.1
+    zipf_topics: float = 0.9
+    gap_mean_s: float = 1800.0  # mean seconds between history events of an average user
+    conv_window_hours: float = 12.0  # a conversion label is observable once ts + window <= end
+    drift_rad_per_day: float = 0.2  # rotation speed of the latent-interaction weights
+    click_scale: float = 1.0  # multiplies every non-intercept click logit term (signal strength)
+    chunk_rows: int = 20_000  # rows per generated chunk = Parquet row group
+    compression: str = "zstd"
+    start_ts: int = START_TS
+
+    def validate(self) -> None:
+        def need(ok: bool, key: str, msg: str) -> None:
+            if not ok:
+                raise SimConfigError(f"simulate: {key}: {msg} (got {getattr(self, key)!r})")
+
+        need(self.rows > 0, "rows", "must be > 0")
+        need(self.days > 0, "days", "must be > 0")
+        need(self.surfaces >= 1, "surfaces", "must be >= 1")
+        for k in ("users", "ads", "advertisers", "topics", "objectives", "formats", "age_buckets",
+                  "countries", "devices", "interests_max", "latent_dim", "emb_dim", "chunk_rows", "recent_k"):
+            need(getattr(self, k) >= 1, k, "must be >= 1")
+        need(self.ads >= self.topics, "ads", f"must be >= topics ({self.topics}): every topic needs an ad")
+        need(self.interests_max <= self.topics, "interests_max", "must be <= topics")
+        need(self.seq_mean >= 0, "seq_mean", "must be >= 0")
+        need(self.seq_max >= 1, "seq_max", "must be >= 1")
+        need(self.seq_mean <= self.seq_max, "seq_mean", f"must be <= seq_max ({self.seq_max})")
+        need(self.gap_mean_s > 0, "gap_mean_s", "must be > 0")
+        need(self.conv_window_hours >= 0, "conv_window_hours", "must be >= 0")
+        for k in ("zipf_users", "zipf_ads", "zipf_topics"):
+            need(self.__dict__[k] > 0, k, "must be > 0")
+
+    @property
+    def surface_names(self) -> list[str]:
+        return [SURFACE_NAMES[i] if i < len(SURFACE_NAMES) else f"surface_{i}" for i in range(self.surfaces)]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> SimConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise SimConfigError(f"simulate: unknown config key(s) {', '.join(unknown)}")
+        return cls(**d)
+
+
+def sim_schema(cfg: SimConfig) -> FeatureSchema:
+    """The FeatureSchema of simulated data: the ranked ad and history items share table ``item``."""
+    d = cfg.emb_dim
+    sparse = (
+        SparseFeature("user_id", vocab=cfg.users, dim=d),
+        SparseFeature("ad_id", vocab=cfg.ads, dim=d, table="item"),
+        SparseFeature("advertiser_id", vocab=cfg.advertisers, dim=d),
+        SparseFeature("campaign_objective", vocab=cfg.objectives, dim=d),
+        SparseFeature("creative_format", vocab=cfg.formats, dim=d),
+        SparseFeature("ad_category", vocab=cfg.topics, dim=d, table="category"),
+        SparseFeature("user_age", vocab=cfg.age_buckets, dim=d),
+        SparseFeature("user_country", vocab=cfg.countries, dim=d),
+        SparseFeature("user_device", vocab=cfg.devices, dim=d),
+        SparseFeature("user_interests", vocab=cfg.topics, dim=d, multi_valued=True, pooling="mean",
+                      table="category"),
+    )
+    dense = tuple(DenseFeature(n) for n in ("ad_quality", "bid", "user_activity", "hour_of_day"))
+    hist = SequenceGroup(
+        name="hist",
+        max_len=cfg.seq_max,
+        fields=(
+            SequenceField("item", vocab=cfg.ads, dim=d, table="item"),
+            SequenceField("category", vocab=cfg.topics, dim=d, table="category"),
+            SequenceField("action", vocab=N_ACTIONS, dim=d),
+            SequenceField("surface", vocab=cfg.surfaces, dim=d),
+            SequenceField("dt", kind="dense"),
+        ),
+    )
+    return FeatureSchema(
+        name="sim",
+        surfaces=tuple(cfg.surface_names),
+        tasks=(Task("click"), Task("conversion")),
+        sparse=sparse,
+        dense=dense,
+        sequences=(hist,),
+        extra={"generator": "opengem.data.simulate", "seed": cfg.seed,
+               "truth_columns": "p_click, p_conversion in truth/"},
+    )

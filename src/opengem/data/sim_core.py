@@ -1,0 +1,403 @@
+"""The simulator's world: hash-derived entities, drifting user intent, behaviour histories and labels.
+
+Every per-user and per-ad property (latent factors, home topics, country, quality ...) is a pure function
+of (seed, id) computed with a 64-bit hash, so a vocabulary of 10^7 costs no memory and a user looks the
+same in every chunk without any table. Only per-impression randomness (which user, which ad, history
+noise, label draws) comes from a seeded generator per chunk, which keeps generation streaming and
+deterministic.
+
+The world, in one paragraph: ads belong to topics (topic = ad id mod T, ad = rank * T + topic with a
+Zipf rank inside each topic). A user has three home topics (long-term interest) and a short-term intent
+that changes every few hours (a hash of user and intent epoch). History events take their topic from
+the intent of their own epoch or from long-term interest, so the last events reveal the current intent
+and older ones the long-term mix. The click logit adds surface-specific intercepts and effects, a
+visible recent-intent match, long-term affinity, a 2-way latent interaction whose weights rotate day by
+day, a 3-way interaction user x ad x (surface, format, age bucket), categorical crosses and drifting
+topic popularity; conversion (after a click) has its own terms.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from opengem.data.sim_config import N_ACTIONS, SimConfig
+
+U64 = np.uint64
+_GOLD = U64(0x9E3779B97F4A7C15)
+_M1 = U64(0xBF58476D1CE4E5B9)
+_M2 = U64(0x94D049BB133111EB)
+_MASK = (1 << 64) - 1
+N_HOME = 3
+HOME_W = np.array([0.5, 0.3, 0.2])
+INV_BINS = 1 << 16  # inverse-CDF lookup resolution: a table lookup is ~10x faster than searchsorted
+DAY = 86400
+
+# Per-surface behaviour for the first four (named) surfaces; later surfaces draw from the same ranges.
+# traffic share, click intercept, recent-intent weight, long-term weight, 2-way, 3-way, quality,
+# conversion intercept, hour-of-day phase.
+_SURFACE_TABLE = np.array([
+    # share  b_clk  beta  gamma alpha tau   qual  b_cvr  phase
+    [0.40, -5.15, 1.6, 0.8, 0.8, 0.7, 1.0, -3.6, 0.0],   # feed
+    [0.25, -5.80, 2.2, 0.5, 0.6, 0.9, 0.6, -3.9, 1.0],   # stories
+    [0.20, -5.15, 2.8, 0.6, 0.7, 0.8, 0.8, -3.8, 2.0],   # video
+    [0.15, -6.20, 0.8, 1.5, 1.0, 0.6, 1.5, -3.2, 3.0],   # messaging
+])
+
+
+def inverse_table(cdf: np.ndarray) -> np.ndarray:
+    """Category of each of INV_BINS equal-probability bins (error per category <= 1/INV_BINS)."""
+    mid = (np.arange(INV_BINS) + 0.5) / INV_BINS * cdf[-1]
+    return np.minimum(np.searchsorted(cdf, mid, side="right"), len(cdf) - 1).astype(np.int64)
+
+
+def surface_params(n: int) -> np.ndarray:
+    """[n, 9] behaviour table; fixed (not seeded) so a named surface keeps its character across seeds."""
+    rows = [_SURFACE_TABLE[i] for i in range(min(n, len(_SURFACE_TABLE)))]
+    rng = np.random.default_rng(1234)
+    lo, hi = _SURFACE_TABLE.min(0), _SURFACE_TABLE.max(0)
+    for _ in range(len(rows), n):
+        rows.append(rng.uniform(lo, hi))
+    p = np.array(rows, dtype=np.float64)
+    p[:, 0] /= p[:, 0].sum()
+    return p
+
+
+# --------------------------------------------------------------------------- hashing helpers
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64 finaliser (wrapping uint64 arithmetic)."""
+    x = x ^ (x >> U64(30))
+    x = x * _M1
+    x = x ^ (x >> U64(27))
+    x = x * _M2
+    return x ^ (x >> U64(31))
+
+
+def _salt(seed: int, tag: int) -> U64:
+    x = (seed * 0x632BE59BD9B4E019 + tag * 0x9E3779B97F4A7C15 + 0x1234567) & _MASK
+    x ^= x >> 30
+    x = (x * 0xBF58476D1CE4E5B9) & _MASK
+    x ^= x >> 27
+    return U64(x)
+
+
+def _u64(a: np.ndarray) -> np.ndarray:
+    a = np.asarray(a)
+    return a.view(U64) if a.dtype == np.int64 else a.astype(U64)  # a view: no copy for int64 ids
+
+
+class Hasher:
+    """Seeded hash of one or two integer keys to uint64, uniforms and normals."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+
+    def h(self, tag: int, a: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
+        with np.errstate(over="ignore"):
+            x = _mix(_u64(a) * _GOLD ^ _salt(self.seed, tag))
+            if b is not None:
+                x = _mix(x ^ (_u64(b) * _M2))
+        return x
+
+    def uniform(self, tag: int, a: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
+        return (self.h(tag, a, b) >> U64(11)).astype(np.float64) * (1.0 / (1 << 53))
+
+    def normal(self, tag: int, a: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
+        x = self.h(tag, a, b)
+        u1 = ((x >> U64(40)).astype(np.float64) + 0.5) * (1.0 / (1 << 24))
+        u2 = (x & U64(0xFFFFFF)).astype(np.float64) * (1.0 / (1 << 24))
+        return np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)
+
+    def latent(self, tag: int, ids: np.ndarray, dim: int) -> np.ndarray:
+        """[n, dim] unit-variance uniform latents (uniform on [-sqrt 3, sqrt 3]) of ids."""
+        k = np.arange(dim, dtype=np.int64)
+        u = self.uniform(tag, ids[:, None], k[None, :])
+        return (u * 2.0 - 1.0) * math.sqrt(3.0)
+
+
+def zipf_rank(u: np.ndarray, vocab: np.ndarray | int, s: float) -> np.ndarray:
+    """Inverse CDF of a continuous power law on [1, V+1): rank 0 is the most popular (int64)."""
+    v = np.asarray(vocab, dtype=np.float64)
+    if abs(s - 1.0) < 1e-9:
+        x = np.power(v + 1.0, u)
+    else:
+        a = 1.0 - s
+        x = np.power(u * (np.power(v + 1.0, a) - 1.0) + 1.0, 1.0 / a)
+    r = np.floor(x).astype(np.int64) - 1
+    return np.clip(r, 0, np.asarray(vocab, dtype=np.int64) - 1)
+
+
+# tags: one per hashed property, so properties are independent
+T_USER_LAT, T_AD_LAT, T_USER_LAT2, T_AD_LAT2, T_HOME, T_ACT, T_AGE, T_COUNTRY, T_DEVICE = range(9)
+T_INTENT, T_INTENT2, T_PERIOD, T_PHASE, T_FAVSURF, T_ADV, T_OBJ, T_FMT, T_QUAL, T_BID = range(9, 19)
+T_UBIAS, T_ABIAS, T_XCROSS, T_CCROSS, T_WA, T_WB, T_TOPIC_PERM, T_TDRIFT, T_INTERESTS, T_FMTB = range(19, 29)
+T_NINT, T_WPHASE = 29, 30
+
+
+@dataclass
+class Chunk:
+    """One generated chunk: column arrays (flat + offsets for list columns) and true probabilities."""
+
+    day: int
+    columns: dict[str, np.ndarray]
+    offsets: dict[str, np.ndarray]  # list column -> int32 offsets
+    p_click: np.ndarray
+    p_conversion: np.ndarray
+    click: np.ndarray
+    conversion: np.ndarray
+    conv_observed: np.ndarray
+
+
+class World:
+    """Everything derived from (config, seed) that does not depend on the impression."""
+
+    def __init__(self, cfg: SimConfig) -> None:
+        cfg.validate()
+        self.cfg = cfg
+        self.H = Hasher(cfg.seed)
+        self.sp = surface_params(cfg.surfaces)
+        T = cfg.topics
+        t = np.arange(T)
+        # topic popularity: Zipf weights over a seeded permutation of topics
+        order = np.argsort(self.H.uniform(T_TOPIC_PERM, t))
+        w = np.empty(T)
+        w[order] = (np.arange(T) + 1.0) ** (-cfg.zipf_topics)
+        self.topic_logw = np.log(w / w.sum())
+        self.base_inv = inverse_table(np.cumsum(w / w.sum()))
+        self.topic_period = 5.0 + 25.0 * self.H.uniform(T_TDRIFT, t)  # days
+        self.topic_phase = 2 * np.pi * self.H.uniform(T_TDRIFT, t, np.full(T, 7))
+        self.ads_per_topic = (cfg.ads - t + T - 1) // T  # ads with id % T == t
+        self._za = 1.0 - cfg.zipf_ads
+        vp1 = self.ads_per_topic + 1.0
+        self._zc = vp1 if abs(self._za) < 1e-9 else np.power(vp1, self._za) - 1.0
+        k = np.arange(cfg.latent_dim)
+        S = cfg.surfaces
+        s_idx = np.arange(S)
+        self.w_a = self.H.normal(T_WA, s_idx[:, None], k[None, :])  # [S, k] day-0 weights
+        self.w_b = self.H.normal(T_WB, s_idx[:, None], k[None, :])  # direction they rotate toward
+        self.w_phase = 2 * np.pi * self.H.uniform(T_WPHASE, s_idx)
+        self.obj_cvr = np.linspace(-1.0, 1.5, cfg.objectives) if cfg.objectives > 1 else np.zeros(1)
+        self.obj_bid = np.exp(np.linspace(0.0, 1.2, cfg.objectives))
+
+    # ----------------------------------------------------------------- topics
+    def topic_drift(self, topic: np.ndarray, tday: np.ndarray | float) -> np.ndarray:
+        return np.sin(2 * np.pi * tday / self.topic_period[topic] + self.topic_phase[topic])
+
+    def day_probs(self, tday: float) -> np.ndarray:
+        """Topic popularity on (fractional) day ``tday``: base Zipf reweighted by each topic's cycle."""
+        logw = self.topic_logw + 0.7 * self.topic_drift(np.arange(self.cfg.topics), tday)
+        w = np.exp(logw - logw.max())
+        return w / w.sum()
+
+    def sample_topic(self, u: np.ndarray, table: np.ndarray) -> np.ndarray:
+        """Topic for uniforms ``u`` from an inverse-CDF lookup table (see ``inverse_table``)."""
+        return table[(u * INV_BINS).astype(np.int64)]
+
+    def home_topics(self, user: np.ndarray) -> np.ndarray:
+        """[n, 3] long-term interest topics (weights HOME_W), drawn from base popularity."""
+        j = np.arange(N_HOME)
+        return self.sample_topic(self.H.uniform(T_HOME, user[:, None], j[None, :]), self.base_inv)
+
+    def pick_home(self, home: np.ndarray, u: np.ndarray) -> np.ndarray:
+        idx = (u > HOME_W[0]).astype(np.int64) + (u > HOME_W[0] + HOME_W[1])
+        return np.take_along_axis(home, idx[:, None], 1)[:, 0]
+
+    def intent(self, user: np.ndarray, epoch: np.ndarray, home: np.ndarray) -> np.ndarray:
+        """Short-term intent topic of a user in an intent epoch: a home topic 60 %, else a popular one."""
+        u1 = self.H.uniform(T_INTENT, user, epoch)
+        u2 = self.H.uniform(T_INTENT2, user, epoch)
+        from_home = u1 < 0.6
+        hm = self.pick_home(home, u1 / 0.6)
+        other = self.sample_topic(u2, self.base_inv)
+        return np.where(from_home, hm, other)
+
+    def ad_in_topic(self, topic: np.ndarray, u: np.ndarray) -> np.ndarray:
+        """Zipf rank inside the topic (zipf_rank with the per-topic power precomputed), then the ad id."""
+        v = self.ads_per_topic[topic]
+        if abs(self._za) < 1e-9:
+            x = np.power(self._zc[topic], u)
+        else:
+            x = np.power(u * self._zc[topic] + 1.0, 1.0 / self._za)
+        r = np.minimum(x.astype(np.int64) - 1, v - 1)
+        return r * self.cfg.topics + topic
+
+
+def day_bounds(cfg: SimConfig) -> np.ndarray:
+    """Row index where each day starts (length days + 1); rows are split evenly across days."""
+    return np.round(np.arange(cfg.days + 1) * (cfg.rows / cfg.days)).astype(np.int64)
+
+
+def chunk_plan(cfg: SimConfig) -> list[tuple[int, int, int]]:
+    """(day, first row, end row) of every chunk; chunks never straddle a day."""
+    b = day_bounds(cfg)
+    plan = []
+    for d in range(cfg.days):
+        for s in range(int(b[d]), int(b[d + 1]), cfg.chunk_rows):
+            plan.append((d, s, min(s + cfg.chunk_rows, int(b[d + 1]))))
+    return plan
+
+
+def generate_chunk(world: World, day: int, r0: int, r1: int, chunk_index: int) -> Chunk:
+    cfg, H, sp = world.cfg, world.H, world.sp
+    rng = np.random.default_rng([cfg.seed, 7, chunk_index])
+    n = r1 - r0
+    T, K = cfg.topics, cfg.latent_dim
+    b = day_bounds(cfg)
+    nd = int(b[day + 1] - b[day])
+
+    # --- time: evenly spread rows, warped so traffic peaks mid-day; monotone in row index
+    x = (np.arange(r0, r1) - b[day] + rng.random(n)) / nd
+    warp = x - 0.5 * np.sin(2 * np.pi * x) / (2 * np.pi)
+    ts = cfg.start_ts + day * DAY + np.floor(warp * DAY).astype(np.int64)
+    tday = (ts - cfg.start_ts) / DAY
+    hour = ((ts - cfg.start_ts) % DAY) / 3600.0
+    end_ts = cfg.start_ts + cfg.days * DAY
+
+    # --- surface and user
+    surface = np.minimum(np.searchsorted(np.cumsum(sp[:, 0]), rng.random(n), side="right"), cfg.surfaces - 1)
+    user = zipf_rank(rng.random(n), cfg.users, cfg.zipf_users)
+    home = world.home_topics(user)
+    act = np.exp(0.5 * H.normal(T_ACT, user) - 0.125)  # mean-one activity level
+    age = (H.h(T_AGE, user) % U64(cfg.age_buckets)).astype(np.int64)
+    country = zipf_rank(H.uniform(T_COUNTRY, user), cfg.countries, 1.2)
+    device = (H.h(T_DEVICE, user) % U64(cfg.devices)).astype(np.int64)
+    period = (6.0 + 30.0 * H.uniform(T_PERIOD, user)) * 3600.0
+    phase = H.uniform(T_PHASE, user) * period
+    fav_surface = (H.h(T_FAVSURF, user) % U64(cfg.surfaces)).astype(np.int64)
+    cur_intent = world.intent(user, np.floor((ts + phase) / period).astype(np.int64), home)
+
+    # --- interests: the first 1..interests_max of (home topics, then hashed extras), some replaced by noise
+    n_int = 1 + (H.h(T_NINT, user) % U64(cfg.interests_max)).astype(np.int64)
+    j = np.arange(cfg.interests_max)
+    extra = world.sample_topic(H.uniform(T_INTERESTS, user[:, None], j[None, :]), world.base_inv)
+    cand = np.where(j[None, :] < N_HOME, np.pad(home, ((0, 0), (0, max(0, cfg.interests_max - N_HOME))))
+                    [:, : cfg.interests_max], extra)
+    noisy = H.uniform(T_INTERESTS, user[:, None], j[None, :] + 100) < 0.2
+    cand = np.where(noisy, extra, cand)
+    int_mask = j[None, :] < n_int[:, None]
+    interests = cand[int_mask]
+    int_off = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(n_int, out=int_off[1:])
+
+    # --- history: jagged lengths, event times, topics from epoch intent or long-term interest
+    L = np.rint(cfg.seq_mean * act * np.exp(0.6 * rng.standard_normal(n) - 0.18)).astype(np.int64)
+    L = np.clip(L, 0, cfg.seq_max)
+    off = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(L, out=off[1:])
+    ne = int(off[-1])
+    row = np.repeat(np.arange(n), L)
+    gaps = rng.exponential(1.0, ne) * (cfg.gap_mean_s / act)[row]
+    csum = np.zeros(ne + 1)
+    np.cumsum(gaps, out=csum[1:])
+    dt = csum[off[1:]][row] - csum[:-1]  # seconds before the impression, oldest first => decreasing
+    recency = off[1:][row] - 1 - np.arange(ne)  # 0 = most recent event
+    ev_epoch = np.floor((ts[row] - dt + phase[row]) / period[row]).astype(np.int64)
+    # events are time-ordered inside a row, so each row holds a few runs of one epoch: hash once per run
+    new_run = np.ones(ne, dtype=bool)
+    new_run[1:] = (ev_epoch[1:] != ev_epoch[:-1]) | (row[1:] != row[:-1])
+    run_id = np.cumsum(new_run) - 1
+    starts = np.flatnonzero(new_run)
+    ev_intent = world.intent(user[row[starts]], ev_epoch[starts], home[row[starts]])[run_id]
+    u_ev = rng.random((3, ne))
+    hidx = (u_ev[2] > HOME_W[0]).astype(np.int64) + (u_ev[2] > HOME_W[0] + HOME_W[1])
+    home_flat = home.ravel()
+    longterm = np.where(u_ev[1] < 0.6, home_flat[row * N_HOME + hidx],
+                        world.sample_topic(u_ev[2], world.base_inv))
+    ev_topic = np.where(u_ev[0] < 0.75, ev_intent, longterm)
+    ev_item = world.ad_in_topic(ev_topic, rng.random(ne))
+    in_home = ((ev_topic == home_flat[row * N_HOME]) | (ev_topic == home_flat[row * N_HOME + 1])
+               | (ev_topic == home_flat[row * N_HOME + 2]))
+    u_act = rng.random((2, ne))
+    is_ad = u_act[0] < 0.3
+    organic = (u_act[1] < 0.1 + 0.25 * in_home).astype(np.int64)  # 0 view, 1 engage
+    ad_act = np.where(u_act[1] < 0.02 + 0.08 * in_home, np.where(u_act[1] < 0.008 * (1 + in_home), 4, 3), 2)
+    ev_action = np.where(is_ad, ad_act, organic)
+    surf_inv = inverse_table(np.cumsum(sp[:, 0]))
+    any_surface = surf_inv[(rng.random(ne) * INV_BINS).astype(np.int64)]
+    ev_surface = np.where(rng.random(ne) < 0.6, fav_surface[row], any_surface)
+    del u_ev, u_act, ev_epoch, ev_intent, longterm, gaps, csum, run_id, new_run
+
+    # --- the ranked ad: targeted at current intent, long-term interest or trending topics
+    u_ad = rng.random((3, n))
+    trending = world.sample_topic(u_ad[1], inverse_table(np.cumsum(world.day_probs(day + 0.5))))
+    ad_topic = np.where(u_ad[0] < 0.3, cur_intent,
+                        np.where(u_ad[0] < 0.5, world.pick_home(home, u_ad[1]), trending))
+    ad = world.ad_in_topic(ad_topic, u_ad[2])
+    advertiser = zipf_rank(H.uniform(T_ADV, ad), cfg.advertisers, 1.0)
+    objective = (H.h(T_OBJ, advertiser) % U64(cfg.objectives)).astype(np.int64)
+    fmt = (H.h(T_FMT, ad) % U64(cfg.formats)).astype(np.int64)
+    quality = H.uniform(T_QUAL, ad) ** 0.7
+    bid = np.exp(0.5 * H.normal(T_BID, ad)) * world.obj_bid[objective]
+
+    # --- click logit
+    recent = (recency < cfg.recent_k) & (ev_topic == np.repeat(ad_topic, L))
+    k_eff = np.maximum(np.minimum(L, cfg.recent_k), 1)
+    recent_frac = np.bincount(row[recent], minlength=n) / k_eff
+    affinity = (home == ad_topic[:, None]) @ HOME_W
+    uvec = H.latent(T_USER_LAT, user, K)
+    avec = H.latent(T_AD_LAT, ad, K)
+    theta = cfg.drift_rad_per_day * tday + world.w_phase[surface]
+    w2 = np.cos(theta)[:, None] * world.w_a[surface] + np.sin(theta)[:, None] * world.w_b[surface]
+    uv = uvec * avec
+    two_way = (uv * w2).sum(1) / math.sqrt(K)
+    cross_key = (surface * cfg.formats + fmt) * cfg.age_buckets + age
+    c3 = H.latent(T_XCROSS, cross_key, K)
+    three_way = (uv * c3).sum(1) / math.sqrt(K)
+    cat_cross = H.normal(T_CCROSS, country * T + ad_topic)
+    fmt_bias = H.normal(T_FMTB, surface * cfg.formats + fmt)
+    ubias = H.normal(T_UBIAS, user)
+    abias = H.normal(T_ABIAS, ad)
+    s = surface
+    signal = (sp[s, 2] * recent_frac + sp[s, 3] * affinity + sp[s, 4] * two_way + sp[s, 5] * three_way
+              + 0.3 * cat_cross + 0.4 * fmt_bias + sp[s, 6] * (quality - 0.5) + 0.4 * ubias + 0.3 * abias
+              + 0.5 * world.topic_drift(ad_topic, tday) + 0.2 * np.log(act))
+    hour_eff = 0.25 * np.sin(2 * np.pi * hour / 24.0 + sp[s, 8])
+    p_click = 1.0 / (1.0 + np.exp(-(sp[s, 1] + hour_eff + cfg.click_scale * signal)))
+
+    # --- conversion given click: objective, own latent interaction, intent, surface
+    u2 = H.latent(T_USER_LAT2, user, K)
+    a2 = H.latent(T_AD_LAT2, ad, K)
+    cvr_logit = (sp[s, 7] + world.obj_cvr[objective] + 0.8 * (u2 * a2).sum(1) / math.sqrt(K)
+                 + 1.2 * recent_frac + 0.6 * affinity + 0.3 * abias + 0.3 * (age - cfg.age_buckets / 2)
+                 / max(cfg.age_buckets, 1) + 0.3 * fmt_bias)
+    p_cvr = 1.0 / (1.0 + np.exp(-cvr_logit))
+    p_conv = p_click * p_cvr
+
+    u_lab = rng.random((2, n))
+    click = u_lab[0] < p_click
+    conv = click & (u_lab[1] < p_cvr)
+    conv_observed = ts + int(cfg.conv_window_hours * 3600) <= end_ts
+
+    cols = {
+        "example_id": np.arange(r0, r1, dtype=np.int64),
+        "ts": ts,
+        "surface": surface.astype(np.int32),
+        "user_id": user,
+        "ad_id": ad,
+        "advertiser_id": advertiser,
+        "campaign_objective": objective,
+        "creative_format": fmt,
+        "ad_category": ad_topic.astype(np.int64),
+        "user_age": age,
+        "user_country": country,
+        "user_device": device,
+        "user_interests": interests.astype(np.int64),
+        "ad_quality": quality.astype(np.float32),
+        "bid": bid.astype(np.float32),
+        "user_activity": act.astype(np.float32),
+        "hour_of_day": (hour / 24.0).astype(np.float32),
+        "hist__item": ev_item,
+        "hist__category": ev_topic.astype(np.int64),
+        "hist__action": ev_action.astype(np.int64),
+        "hist__surface": ev_surface.astype(np.int64),
+        "hist__dt": np.log1p(dt).astype(np.float32),
+    }
+    assert int(ev_action.max(initial=0)) < N_ACTIONS
+    offs = {"user_interests": int_off.astype(np.int32)}
+    hist_off = off.astype(np.int32)
+    for f in ("item", "category", "action", "surface", "dt"):
+        offs[f"hist__{f}"] = hist_off
+    return Chunk(day=day, columns=cols, offsets=offs, p_click=p_click, p_conversion=p_conv, click=click,
+                 conversion=conv, conv_observed=conv_observed)

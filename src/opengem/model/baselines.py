@@ -1,0 +1,235 @@
+"""Baselines trained through GEM's exact path: same FeatureEmbedding, same MultiSurfaceHead, same output.
+
+Equal-FLOPs comparisons are only fair when everything but the interaction differs nowhere, so each
+baseline takes ``EmbeddedFeatures`` and replaces only the part between the tokens and the head:
+
+- DLRM (Naumov et al. 2019): bottom MLP on the raw dense features -> one d-vector; pairwise dot products
+  (upper triangle, i < j) among [bottom, sparse/surface tokens, mean-pooled sequence tokens]; concat with
+  the bottom output; top MLP. The embedding layer is built with ``dense_tokens = 0`` because the bottom
+  MLP *is* DLRM's dense path.
+- DCNv2 (Wang et al. 2021): x0 = flatten(tokens) ++ mean-pooled sequences; cross layers
+  x_{l+1} = x0 ⊙ (W x_l + b) + x_l (W full, or low-rank U Vᵀ); deep MLP in parallel (on x0) or stacked
+  (on x_L).
+- DIN (Zhou et al. 2018): target attention per sequence group, the ranked ad's token as query; the
+  attention unit is an MLP on [q, k, q-k, q*k] (ReLU here; the paper uses PReLU/Dice); weights are used
+  unnormalised as in DIN (or masked-softmaxed with ``softmax = true``); the pooled interests are concatenated
+  with the flattened tokens and fed to an MLP.
+
+Sequence groups are mean-pooled for DLRM and DCNv2 (neither paper models sequences).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from opengem.data.batch import Batch
+from opengem.data.schema import FeatureSchema
+from opengem.model.embedding import EmbeddedFeatures, EmbeddingConfig, FeatureEmbedding, masked_mean
+from opengem.model.flops import linear_flops, mlp_flops
+from opengem.model.heads import HeadConfig, MultiSurfaceHead, mlp
+from opengem.model.output import ModelOutput
+
+
+@dataclass
+class DLRMConfig:
+    bottom_mlp: list[int] = field(default_factory=lambda: [64])  # hidden widths; the output is always d
+    top_mlp: list[int] = field(default_factory=lambda: [128, 64])
+
+
+@dataclass
+class DCNv2Config:
+    num_cross_layers: int = 3
+    low_rank: int = 0  # 0 = full-rank W; r > 0 = W = U Vᵀ with rank r
+    deep_mlp: list[int] = field(default_factory=lambda: [256, 128])
+    structure: str = "parallel"  # parallel | stacked
+
+
+@dataclass
+class DINConfig:
+    attention_mlp: list[int] = field(default_factory=lambda: [64, 32])
+    softmax: bool = False  # False = DIN's unnormalised weights; True = masked softmax over events
+    mlp: list[int] = field(default_factory=lambda: [128, 64])
+
+
+class _Baseline(nn.Module):
+    """Embedding -> interaction (subclass) -> head; the shared half of every baseline."""
+
+    def __init__(self, schema: FeatureSchema, emb: EmbeddingConfig, head: HeadConfig) -> None:
+        super().__init__()
+        self.schema = schema
+        self.embedding = FeatureEmbedding(schema, emb)
+        self.d = self.embedding.d
+
+    def _make_head(self, in_dim: int, cfg: HeadConfig) -> None:
+        self.head = MultiSurfaceHead(in_dim, len(self.schema.surfaces), len(self.schema.tasks), cfg)
+
+    def interact(self, batch: Batch, emb: EmbeddedFeatures) -> torch.Tensor:
+        raise NotImplementedError
+
+    def interact_flops(self, seq_len: int | None) -> int:
+        raise NotImplementedError
+
+    def forward(self, batch: Batch) -> ModelOutput:
+        emb = self.embedding(batch)
+        logits, trunk = self.head(self.interact(batch, emb), batch.surface)
+        return ModelOutput(logits=logits, trunk=trunk, extras={"target": emb.target})
+
+    def flops_per_example(self, seq_len: int | None = None) -> int:
+        return (
+            self.embedding.flops_per_example(seq_len)
+            + self.interact_flops(seq_len)
+            + self.head.flops_per_example()
+        )
+
+
+def _seq_means(emb: EmbeddedFeatures) -> list[torch.Tensor]:
+    return [masked_mean(s) for s in emb.sequences.values()]
+
+
+# ----------------------------------------------------------------------------------------------- DLRM
+class DLRM(_Baseline):
+    def __init__(
+        self, schema: FeatureSchema, emb: EmbeddingConfig, head: HeadConfig, cfg: DLRMConfig
+    ) -> None:
+        super().__init__(schema, dataclasses.replace(emb, dense_tokens=0), head)
+        self.cfg = cfg
+        d = self.d
+        n_dense = len(schema.dense)
+        self._bottom_dims = [n_dense, *cfg.bottom_mlp, d] if n_dense else []
+        self.bottom = mlp(self._bottom_dims) if n_dense else None
+        self.num_vectors = (1 if n_dense else 0) + self.embedding.num_tokens + len(schema.sequences)
+        if self.num_vectors < 2:
+            raise ValueError(
+                f"DLRM needs at least 2 vectors to interact, schema {schema.name!r} gives {self.num_vectors}"
+            )
+        iu = torch.triu_indices(self.num_vectors, self.num_vectors, offset=1)
+        self.register_buffer("_tri_i", iu[0], persistent=False)
+        self.register_buffer("_tri_j", iu[1], persistent=False)
+        top_in = (d if n_dense else 0) + iu.shape[1]
+        self._top_dims = [top_in, *cfg.top_mlp]
+        self.top = mlp(self._top_dims)
+        self._make_head(self._top_dims[-1], head)
+
+    def interact(self, batch: Batch, emb: EmbeddedFeatures) -> torch.Tensor:
+        vecs = list(emb.tokens.unbind(1)) + _seq_means(emb)
+        dense_out: list[torch.Tensor] = []
+        if self.bottom is not None:
+            dense_out = [self.bottom(batch.dense)]
+            vecs = dense_out + vecs
+        x = torch.stack(vecs, dim=1)  # [B, n, d]
+        z = torch.bmm(x, x.transpose(1, 2))
+        pairs = z[:, self._tri_i, self._tri_j]  # [B, n(n-1)/2]
+        return self.top(torch.cat([*dense_out, pairs], dim=1))
+
+    def interact_flops(self, seq_len: int | None) -> int:
+        n = self.num_vectors
+        bottom = mlp_flops(self._bottom_dims) if self._bottom_dims else 0
+        return bottom + 2 * n * n * self.d + mlp_flops(self._top_dims)
+
+
+# ---------------------------------------------------------------------------------------------- DCNv2
+class CrossLayer(nn.Module):
+    """x_{l+1} = x0 ⊙ (W x_l + b) + x_l, with W full-rank or U Vᵀ of rank ``rank``."""
+
+    def __init__(self, dim: int, rank: int = 0) -> None:
+        super().__init__()
+        self.dim, self.rank = dim, rank
+        if rank:
+            self.v = nn.Linear(dim, rank, bias=False)
+            self.u = nn.Linear(rank, dim)
+        else:
+            self.w = nn.Linear(dim, dim)
+
+    def forward(self, x0: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        wx = self.u(self.v(x)) if self.rank else self.w(x)
+        return x0 * wx + x
+
+    def flops_per_example(self) -> int:
+        return 2 * linear_flops(self.dim, self.rank) if self.rank else linear_flops(self.dim, self.dim)
+
+
+class DCNv2(_Baseline):
+    def __init__(
+        self, schema: FeatureSchema, emb: EmbeddingConfig, head: HeadConfig, cfg: DCNv2Config
+    ) -> None:
+        super().__init__(schema, emb, head)
+        if cfg.structure not in ("parallel", "stacked"):
+            raise ValueError(f"dcnv2.structure must be 'parallel' or 'stacked', got {cfg.structure!r}")
+        if cfg.num_cross_layers < 0 or cfg.low_rank < 0:
+            raise ValueError(f"dcnv2.num_cross_layers and dcnv2.low_rank must be >= 0, got {cfg}")
+        self.cfg = cfg
+        D = self.in_dim = (self.embedding.num_tokens + len(schema.sequences)) * self.d
+        self.cross = nn.ModuleList([CrossLayer(D, cfg.low_rank) for _ in range(cfg.num_cross_layers)])
+        self._deep_dims = [D, *cfg.deep_mlp]
+        self.deep = mlp(self._deep_dims) if cfg.deep_mlp else None
+        if cfg.structure == "parallel":
+            out = D + (cfg.deep_mlp[-1] if cfg.deep_mlp else 0)
+        else:
+            out = self._deep_dims[-1]
+        self._make_head(out, head)
+
+    def interact(self, batch: Batch, emb: EmbeddedFeatures) -> torch.Tensor:
+        x0 = torch.cat([emb.tokens.flatten(1), *_seq_means(emb)], dim=1)
+        x = x0
+        for layer in self.cross:
+            x = layer(x0, x)
+        if self.deep is None:
+            return x
+        if self.cfg.structure == "stacked":
+            return self.deep(x)
+        return torch.cat([x, self.deep(x0)], dim=1)
+
+    def interact_flops(self, seq_len: int | None) -> int:
+        deep = mlp_flops(self._deep_dims) if self.deep is not None else 0
+        return sum(c.flops_per_example() for c in self.cross) + deep
+
+
+# ------------------------------------------------------------------------------------------------ DIN
+class TargetAttention(nn.Module):
+    """DIN's activation unit: weight_l = MLP([q, k_l, q-k_l, q*k_l]); interest = Σ_l weight_l k_l."""
+
+    def __init__(self, d: int, hidden: list[int], softmax: bool = False) -> None:
+        super().__init__()
+        self._dims = [4 * d, *hidden, 1]
+        self.mlp = mlp(self._dims, final_activation=False)
+        self.softmax = softmax
+
+    def forward(self, query: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """query [B, d], keys [B, L, d], mask [B, L] -> interest [B, d]; masked events never contribute."""
+        q = query[:, None, :].expand_as(keys)
+        score = self.mlp(torch.cat([q, keys, q - keys, q * keys], dim=-1)).squeeze(-1)  # [B, L]
+        if self.softmax:
+            score = torch.softmax(score.masked_fill(~mask, -1e30), dim=1)
+        w = torch.where(mask, score, torch.zeros_like(score))
+        keys = torch.where(mask[..., None], keys, torch.zeros_like(keys))
+        return (w[..., None] * keys).sum(dim=1)
+
+    def flops_per_example(self, seq_len: int) -> int:
+        return mlp_flops(self._dims, rows=seq_len)
+
+
+class DIN(_Baseline):
+    def __init__(self, schema: FeatureSchema, emb: EmbeddingConfig, head: HeadConfig, cfg: DINConfig) -> None:
+        super().__init__(schema, emb, head)
+        self.cfg = cfg
+        self.attention = nn.ModuleDict(
+            {g.name: TargetAttention(self.d, cfg.attention_mlp, cfg.softmax) for g in schema.sequences}
+        )
+        self._mlp_dims = [(self.embedding.num_tokens + len(schema.sequences)) * self.d, *cfg.mlp]
+        self.mlp = mlp(self._mlp_dims)
+        self._make_head(self._mlp_dims[-1], head)
+
+    def interact(self, batch: Batch, emb: EmbeddedFeatures) -> torch.Tensor:
+        interests = [self.attention[g](emb.target, s.values, s.mask) for g, s in emb.sequences.items()]
+        return self.mlp(torch.cat([emb.tokens.flatten(1), *interests], dim=1))
+
+    def interact_flops(self, seq_len: int | None) -> int:
+        att = sum(
+            self.attention[g.name].flops_per_example(self.embedding.seq_len(g.name, seq_len))
+            for g in self.schema.sequences
+        )
+        return att + mlp_flops(self._mlp_dims)

@@ -1,0 +1,115 @@
+"""Multi-surface, multi-task head and the masked loss every opengem model trains with.
+
+One trunk is shared by all surfaces (so knowledge transfers between them); each surface gets a small
+residual adapter and its own logit per task (so each surface is optimised for its own objective). The
+per-surface weights are stacked [S, ...] and *gathered* by each example's surface, which costs one
+surface's compute per example (not S) and writes nothing in place.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from opengem.model.flops import mlp_flops
+
+
+@dataclass
+class HeadConfig:
+    hidden: list[int] = field(default_factory=lambda: [64])  # shared trunk MLP
+    adapter_dim: int = 16  # per-surface residual adapter bottleneck (0 = off)
+
+
+def mlp(dims: Sequence[int], final_activation: bool = True) -> nn.Sequential:
+    """Linear+ReLU stack with widths ``dims`` (input first); the last ReLU is optional."""
+    layers: list[nn.Module] = []
+    for i, (a, b) in enumerate(zip(dims[:-1], dims[1:])):
+        layers.append(nn.Linear(a, b))
+        if final_activation or i < len(dims) - 2:
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+class MultiSurfaceHead(nn.Module):
+    def __init__(self, in_dim: int, num_surfaces: int, num_tasks: int, cfg: HeadConfig) -> None:
+        super().__init__()
+        if num_surfaces <= 0 or num_tasks <= 0:
+            raise ValueError(f"MultiSurfaceHead needs >= 1 surface and task, got {num_surfaces}, {num_tasks}")
+        if cfg.adapter_dim < 0 or any(h <= 0 for h in cfg.hidden):
+            raise ValueError(f"head: hidden widths and adapter_dim must be positive, got {cfg}")
+        self.cfg = cfg
+        self.in_dim = in_dim
+        self.num_surfaces = num_surfaces
+        self.num_tasks = num_tasks
+        self._trunk_dims = [in_dim, *cfg.hidden]
+        self.trunk = mlp(self._trunk_dims) if cfg.hidden else nn.Identity()
+        H = self.out_dim = self._trunk_dims[-1]
+        a = cfg.adapter_dim
+        if a:
+            self.adapter_down = nn.Parameter(torch.randn(num_surfaces, H, a) / math.sqrt(H))
+            self.adapter_down_bias = nn.Parameter(torch.zeros(num_surfaces, a))
+            self.adapter_up = nn.Parameter(torch.randn(num_surfaces, a, H) * (0.1 / math.sqrt(a)))
+        self.out_weight = nn.Parameter(torch.randn(num_surfaces, H, num_tasks) / math.sqrt(H))
+        self.out_bias = nn.Parameter(torch.zeros(num_surfaces, num_tasks))
+
+    def forward(self, x: torch.Tensor, surface: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits [B, T] of each example's own surface, shared trunk [B, H])."""
+        if x.dim() != 2 or x.shape[1] != self.in_dim:
+            raise ValueError(f"head input has shape {tuple(x.shape)}, expected [B, {self.in_dim}]")
+        if (
+            not torch.compiler.is_compiling()
+            and surface.numel()
+            and (int(surface.min()) < 0 or int(surface.max()) >= self.num_surfaces)
+        ):
+            raise ValueError(
+                f"batch.surface has values in [{int(surface.min())}, {int(surface.max())}], "
+                f"expected [0, {self.num_surfaces})"
+            )
+        trunk = self.trunk(x)
+        h = trunk[:, None, :]  # [B, 1, H]
+        if self.cfg.adapter_dim:
+            z = F.relu(torch.bmm(h, self.adapter_down[surface]) + self.adapter_down_bias[surface][:, None, :])
+            h = h + torch.bmm(z, self.adapter_up[surface])
+        logits = torch.bmm(h, self.out_weight[surface]).squeeze(1) + self.out_bias[surface]
+        return logits, trunk
+
+    def flops_per_example(self) -> int:
+        H, a, T = self.out_dim, self.cfg.adapter_dim, self.num_tasks
+        return mlp_flops(self._trunk_dims) + 2 * (2 * H * a) + 2 * H * T
+
+
+def masked_bce(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    mask: torch.Tensor,
+    task_weights: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """BCE-with-logits summed over observed labels (times their task weight) / number of observed labels.
+
+    Unobserved entries are replaced before the loss (not only multiplied by zero), so a NaN label or an
+    infinite logit in an unobserved slot contributes neither loss nor gradient. A batch with no observed
+    label gives 0 (with a graph), not NaN.
+    """
+    if logits.shape != labels.shape or logits.shape != mask.shape:
+        raise ValueError(
+            f"masked_bce: logits {tuple(logits.shape)}, labels {tuple(labels.shape)} and mask "
+            f"{tuple(mask.shape)} must have the same shape [B, T]"
+        )
+    mask = mask.bool()
+    safe_logits = torch.where(mask, logits, torch.zeros_like(logits))
+    safe_labels = torch.where(mask, labels, torch.zeros_like(labels)).to(logits.dtype)
+    loss = F.binary_cross_entropy_with_logits(safe_logits, safe_labels, reduction="none")
+    w = mask.to(logits.dtype)
+    if task_weights is not None:
+        if task_weights.shape != (logits.shape[1],):
+            raise ValueError(
+                f"masked_bce: task_weights has shape {tuple(task_weights.shape)}, "
+                f"expected [{logits.shape[1]}]"
+            )
+        w = w * task_weights.to(logits)[None, :]
+    return (loss * w).sum() / mask.sum().clamp(min=1).to(logits.dtype)

@@ -1,0 +1,124 @@
+"""GEM assembly: shapes with and without sequences, several groups, FLOPs vs FlopCounterMode, overfitting."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+import torch
+
+from opengem.data.batch import Batch, SequenceBatch
+from opengem.data.random_batch import random_batch
+from opengem.data.schema import FeatureSchema
+from opengem.model.embedding import EmbeddingConfig
+from opengem.model.flops import measured_flops
+from opengem.model.gem import GEM, GEMConfig, merge_sequences
+from opengem.model.heads import HeadConfig, masked_bce
+from opengem.model.interformer import InterFormerConfig
+from opengem.model.sequence import SequenceEncoderConfig
+from opengem.model.wukong import WukongConfig
+
+TINY = Path(__file__).resolve().parents[1] / "configs" / "schemas" / "tiny.toml"
+
+
+def _schema(extra_group: bool = False, no_sequences: bool = False) -> FeatureSchema:
+    d = tomllib.loads(TINY.read_text())
+    if no_sequences:
+        d.pop("sequence")
+    if extra_group:
+        d["sequence"].append({"name": "clicks", "max_len": 6,
+                              "fields": [{"name": "item", "vocab": 50, "dim": 8, "table": "item"}]})
+    return FeatureSchema.from_dict(d)
+
+
+def _full_length(schema: FeatureSchema, batch: Batch, seed: int = 1) -> Batch:
+    """Same batch with every sequence row at its group's max_len (the FLOPs convention)."""
+    g = torch.Generator().manual_seed(seed)
+    seqs = {}
+    for grp in schema.sequences:
+        B = batch.batch_size
+        n = B * grp.max_len
+        seqs[grp.name] = SequenceBatch(
+            lengths=torch.full((B,), grp.max_len, dtype=torch.long),
+            ids={f.name: torch.randint(0, f.vocab, (n,), generator=g) for f in grp.id_fields},
+            dense={f.name: torch.randn(n, generator=g) for f in grp.dense_fields},
+        )
+    return Batch(batch.dense, batch.sparse, seqs, batch.labels, batch.label_mask, batch.surface,
+                 batch.example_id, batch.ts)
+
+
+def _small(**over) -> GEMConfig:
+    return GEMConfig(
+        wukong=WukongConfig(n_fm=4, n_lin=4, k=2, mlp_dims=[32], cross_layer_attention=True),
+        interformer=InterFormerConfig(num_layers=2),
+        **over,
+    )
+
+
+@pytest.mark.parametrize("schema_kind", ["tiny", "two_groups", "no_sequences"])
+def test_forward_shapes_and_gradients(schema_kind):
+    schema = _schema(extra_group=schema_kind == "two_groups", no_sequences=schema_kind == "no_sequences")
+    model = GEM(schema, EmbeddingConfig(d=16), HeadConfig(hidden=[32]), _small())
+    batch = random_batch(schema, 6)
+    out = model(batch)
+    assert out.logits.shape == (6, 2) and out.trunk.shape == (6, 32)
+    assert set(out.extras) == {"user", "ad", "trunk"}
+    masked_bce(out.logits, batch.labels, batch.label_mask).backward()
+    missing = [n for n, p in model.named_parameters() if p.grad is None]
+    assert not missing, f"parameters without gradient: {missing}"
+
+
+def test_merge_sequences_concatenates_groups_per_row():
+    a = torch.tensor([[1.0, 2.0, 0.0], [3.0, 0.0, 0.0]]).unsqueeze(-1)
+    ma = a[..., 0] != 0
+    b = torch.tensor([[4.0, 0.0], [5.0, 6.0]]).unsqueeze(-1)
+    mb = b[..., 0] != 0
+    values, mask = merge_sequences([(a, ma), (b, mb)], torch.tensor([[0.0], [100.0]]))
+    assert values[..., 0].tolist() == [[1.0, 2.0, 104.0, 0.0, 0.0], [3.0, 105.0, 106.0, 0.0, 0.0]]
+    assert mask.sum(1).tolist() == [3, 3]
+
+
+@pytest.mark.parametrize(
+    "name,cfg,extra_group",
+    [
+        ("gem default", GEMConfig(), False),
+        ("pyramid active", _small(sequence=SequenceEncoderConfig(window=2, pool_tokens=2, chunk=4)), False),
+        ("full attention, two groups", _small(sequence=SequenceEncoderConfig(kind="full")), True),
+        ("wukong", GEMConfig(wukong=WukongConfig(), use_sequences=False), False),
+    ],
+)
+def test_flops_match_counter(name, cfg, extra_group):
+    schema = _schema(extra_group=extra_group)
+    model = GEM(schema, EmbeddingConfig(d=16), HeadConfig(), cfg)
+    if name == "pyramid active":
+        assert len(model.encoder.levels) == 2
+    batch = _full_length(schema, random_batch(schema, 4))
+    measured = measured_flops(model, batch)
+    analytic = model.flops_per_example()
+    assert abs(analytic - measured) / measured < 0.10, f"{name}: analytic {analytic} vs measured {measured}"
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny matmuls are ~20x faster on one thread than fighting over a loaded machine's cores."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def test_tiny_gem_overfits_a_tiny_batch(one_thread):
+    torch.manual_seed(0)
+    schema = _schema()
+    model = GEM(schema, EmbeddingConfig(d=16), HeadConfig(hidden=[32]), _small())
+    batch = random_batch(schema, 32, seed=3, label_rate=0.5)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(100):
+        loss = masked_bce(model(batch).logits, batch.labels, batch.label_mask)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss))
+    assert losses[-1] < 0.3 * losses[0], f"loss {losses[0]:.3f} -> {losses[-1]:.3f}"
