@@ -1,0 +1,128 @@
+"""``opengem evaluate``: NE, AUC and calibration of a trained run per surface x task -> RUN/eval.json.
+
+The run's resolved config.toml rebuilds the model exactly; its checkpoint supplies the weights. When the
+dataset was simulated (it has truth/ files) the oracle NE on the same partitions is reported beside the
+model's, as the floor no model can beat.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from opengem.data.batch import Batch
+from opengem.data.dataset import Dataset
+from opengem.data.schema import FeatureSchema
+from opengem.metrics import NE_BASE_RATE, MetricAccumulator
+from opengem.model.heads import masked_bce
+
+
+@torch.no_grad()
+def evaluate_model(model: nn.Module, batches: Iterable[Batch], schema: FeatureSchema, device: torch.device,
+                   max_batches: int = 0) -> dict[str, Any]:
+    """Metrics over ``batches`` (all of them, or the first ``max_batches``); model is left in eval mode."""
+    model.eval()
+    acc = MetricAccumulator(schema.surfaces, schema.task_names)
+    weights = torch.tensor([t.weight for t in schema.tasks], dtype=torch.float32, device=device)
+    loss_sum, n_batches, rows = 0.0, 0, 0
+    for i, batch in enumerate(batches):
+        if max_batches and i >= max_batches:
+            break
+        batch = batch.to(device)
+        logits = model(batch).logits
+        loss_sum += float(masked_bce(logits, batch.labels, batch.label_mask, weights))
+        n_batches += 1
+        rows += batch.batch_size
+        acc.update(torch.sigmoid(logits.float()), batch.labels, batch.label_mask, batch.surface)
+    if rows == 0:
+        raise ValueError("evaluate: the evaluation partitions gave no rows")
+    return {"metrics": acc.compute(), "loss": loss_sum / n_batches, "rows": rows}
+
+
+def evaluate_run(run_dir: str | Path, data_dir: str | Path | None = None, partitions: str | None = None,
+                 device: str | None = None, write: bool = True) -> dict[str, Any]:
+    """Rebuild a run's model from RUN/config.toml, load its checkpoint, evaluate and write RUN/eval.json."""
+    from opengem.data.oracle import oracle_ne
+    from opengem.train import checkpoint as ckpt
+    from opengem.train.config import load_run_config
+    from opengem.train.trainer import build_run_model, cpu_threads, make_loader, process_group, resolve_device
+
+    run_dir = Path(run_dir)
+    cfg_path = run_dir / "config.toml"
+    if not cfg_path.exists():
+        raise FileNotFoundError(f"{run_dir}: no config.toml (is it a training run folder?)")
+    cfg = load_run_config(cfg_path)
+    data_path = Path(data_dir or cfg.data.path)
+    ds = Dataset(data_path)
+    spec = partitions or cfg.data.eval
+    chosen = ds.select(spec)
+    dev = resolve_device(device or cfg.train.device)
+    path = ckpt.latest_checkpoint(run_dir)
+    with process_group(dev) as pg, cpu_threads(cfg.train.threads):
+        model, _ = build_run_model(ds.schema, cfg, dev, pg)
+        step = ckpt.load_model(model, path)
+        res = evaluate_model(model, make_loader(ds, spec, cfg.data, train=False), ds.schema, dev)
+    out: dict[str, Any] = {
+        "model": cfg.model.name,
+        "checkpoint": str(path),
+        "step": step,
+        "data": str(data_path.resolve()),
+        "partitions": chosen,
+        "rows": res["rows"],
+        "loss": res["loss"],
+        "metrics": res["metrics"],
+        "ne_base_rate": NE_BASE_RATE,
+    }
+    if ds.truth_files(spec):
+        out["oracle"] = {k: (v if v == v else None) for k, v in oracle_ne(data_path, spec).items()}
+    if write:
+        (run_dir / "eval.json").write_text(json.dumps(out, indent=2))
+    return out
+
+
+def format_metrics(results: dict[str, dict[str, Any]], oracle: dict[str, Any] | None = None) -> str:
+    """One table, runs side by side: NE and AUC per surface/task, oracle NE when known."""
+    keys = sorted({k for r in results.values() for k in r["metrics"]},
+                  key=lambda k: (k.startswith("all/"), k))
+    head = f"{'surface/task':<24}{'rows':>9}" + "".join(f"{name + ' NE':>12}{name + ' AUC':>12}"
+                                                          for name in results)
+    if oracle:
+        head += f"{'oracle NE':>11}"
+    lines = [head, "-" * len(head)]
+
+    def fmt(x: Any) -> str:
+        return f"{x:.4f}" if isinstance(x, (int, float)) else "-"
+
+    for k in keys:
+        first = next(r["metrics"][k] for r in results.values() if k in r["metrics"])
+        line = f"{k:<24}{first['rows']:>9d}"
+        for r in results.values():
+            m = r["metrics"].get(k, {})
+            line += f"{fmt(m.get('ne')):>12}{fmt(m.get('auc')):>12}"
+        if oracle:
+            line += f"{fmt(oracle.get(k)):>11}"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--run", required=True, help="training run folder (has config.toml and checkpoints/)")
+    p.add_argument("--data", default=None, help="dataset folder (default: the one the run trained on)")
+    p.add_argument("--partitions", default=None, help="partition spec (default: the run's data.eval)")
+    p.add_argument("--device", default=None, choices=["auto", "cpu", "cuda"])
+
+
+def run(args: argparse.Namespace) -> int:
+    import warnings
+
+    warnings.filterwarnings("ignore", category=FutureWarning)  # TorchRec/DCP deprecation notices
+    out = evaluate_run(args.run, args.data, args.partitions, args.device)
+    print(format_metrics({out["model"]: out}, out.get("oracle")))
+    print(f"wrote {Path(args.run) / 'eval.json'}  ({out['ne_base_rate']})")
+    return 0

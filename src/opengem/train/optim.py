@@ -1,0 +1,84 @@
+"""Two optimizers, because the two kinds of parameters want different ones.
+
+Embedding tables get a *fused* sparse optimizer (row-wise Adagrad by default): TorchRec applies it
+inside the backward pass to the rows a batch touched, so huge tables never materialise a dense gradient.
+It must be attached with ``apply_optimizer_in_backward`` *before* DistributedModelParallel wraps the
+model; DMP then builds the fused kernels and exposes them as ``model.fused_optimizer``.
+Everything else (dense) gets AdamW with linear warm-up and optional cosine decay, and gradient clipping.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
+from torchrec.optim import SGD as RecSGD
+from torchrec.optim import Adagrad, RowWiseAdagrad, apply_optimizer_in_backward
+from torchrec.optim.optimizers import in_backward_optimizer_filter
+
+from opengem.train.config import TrainConfig
+
+SPARSE_CLASSES: dict[str, type[torch.optim.Optimizer]] = {
+    "rowwise_adagrad": RowWiseAdagrad,
+    "adagrad": Adagrad,
+    "sgd": RecSGD,
+}
+
+
+def embedding_modules(model: nn.Module) -> list[nn.Module]:
+    """Every TorchRec embedding collection in the model (the modules DMP shards)."""
+    return [m for m in model.modules() if isinstance(m, (EmbeddingBagCollection, EmbeddingCollection))]
+
+
+def apply_sparse_optimizer(model: nn.Module, cfg: TrainConfig) -> int:
+    """Attach the fused sparse optimizer to every embedding table; returns the number of tables."""
+    params = [p for m in embedding_modules(model) for p in m.parameters()]
+    if not params:
+        return 0
+    kwargs: dict[str, float] = {"lr": cfg.sparse_lr}
+    if cfg.sparse_optimizer != "sgd":
+        kwargs["eps"] = cfg.sparse_eps
+    apply_optimizer_in_backward(SPARSE_CLASSES[cfg.sparse_optimizer], params, kwargs)
+    return len(params)
+
+
+def dense_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
+    """Parameters not handled by a fused in-backward optimizer."""
+    return {n: p for n, p in in_backward_optimizer_filter(model.named_parameters()) if p.requires_grad}
+
+
+def build_dense_optimizer(params: dict[str, nn.Parameter], cfg: TrainConfig) -> torch.optim.Optimizer:
+    """AdamW; biases and norm weights (1-D) are not decayed."""
+    decay = [p for p in params.values() if p.ndim >= 2]
+    no_decay = [p for p in params.values() if p.ndim < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    groups = [g for g in groups if g["params"]]
+    if not groups:  # a model with only embedding tables still needs an optimizer object to step
+        groups = [{"params": [nn.Parameter(torch.zeros(1))], "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.lr)
+
+
+def lr_factor(step: int, cfg: TrainConfig) -> float:
+    """Multiplier of the base lr at ``step`` (0-based): linear warm-up, then constant or cosine."""
+    if cfg.warmup_steps and step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    if cfg.lr_decay == "cosine" and cfg.steps > cfg.warmup_steps:
+        progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps))
+        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+    return 1.0
+
+
+def build_scheduler(opt: torch.optim.Optimizer, cfg: TrainConfig) -> torch.optim.lr_scheduler.LambdaLR:
+    return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, cfg))
+
+
+def clip_dense_gradients(params: list[nn.Parameter], max_norm: float) -> float:
+    """Clip the global norm of dense gradients; returns the norm before clipping (0 if none)."""
+    grads = [p for p in params if p.grad is not None]
+    if not grads:
+        return 0.0
+    if max_norm > 0:
+        return float(torch.nn.utils.clip_grad_norm_(grads, max_norm))
+    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in grads])))
