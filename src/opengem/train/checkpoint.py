@@ -1,26 +1,49 @@
-"""Model checkpoints with torch.distributed.checkpoint (DCP).
+"""Training checkpoints with torch.distributed.checkpoint (DCP): everything needed to resume exactly.
 
-DCP writes every rank's shards of the DMP state dict (sharded tables as ShardedTensors, dense weights
-as tensors) and can reload them into another sharding plan, which is why it is used even for one
-process. A checkpoint is written to ``<name>.tmp`` and renamed when complete, so a crash never leaves a
-half-written checkpoint under a real name.
+One checkpoint is a folder RUN/checkpoints/step-00000100/ (periodic) or RUN/checkpoints/final/ with
+- DCP files (every rank writes its shards): ``model.*`` (sharded tables as ShardedTensors, FSDP shards as
+  DTensors, plain tensors alone), ``dense_optim.*`` (AdamW state keyed by parameter name, via
+  ``torch.distributed.checkpoint.state_dict``), ``sparse_optim.*`` (the fused row-wise Adagrad state);
+- meta.json (rank 0): format tag, step, epoch, world size, the data loader position (every rank's
+  position merged with ``loader.merge_states``, so it resumes under any world size), every rank's RNG
+  state, the lr scheduler, the optimizers' non-tensor state (param groups), counters, and a fingerprint of
+  the model's parameter names and shapes.
 
-Layout: RUN/checkpoints/step-00000100/ (periodic) and RUN/checkpoints/final/. This module holds the model
-weights only; full resume (optimizer, loader position, RNG) extends it.
+Only tensors go through DCP; everything else is JSON. DCP's own ``.metadata`` file is a pickle: it is
+checked with an unpickler that admits only DCP's metadata classes and torch sizes/dtypes before DCP reads
+it, so loading never runs arbitrary pickled code.
+
+Atomic: written to ``<name>.tmp`` and renamed when every rank has finished and meta.json (written last)
+is in place, so a crash at any moment leaves either the previous checkpoints or a ``.tmp`` that nothing
+reads. The newest ``keep`` periodic checkpoints are kept.
+
+DCP pitfall handled here: optimizer state must exist before loading into it (AdamW creates it lazily);
+``get_optimizer_state_dict`` initialises it, and the fused optimizer's state exists from construction.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import io
 import json
+import os
+import pickle
 import shutil
 from pathlib import Path
+from typing import Any
 
+import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 
 CHECKPOINTS = "checkpoints"
 FINAL = "final"
+META = "meta.json"
+FORMAT = "opengem-checkpoint"
+VERSION = 1
+TENSOR = "__tensor__"
 
 
 class CheckpointError(RuntimeError):
@@ -31,9 +54,21 @@ def _rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
 
+def _world() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
 def _barrier() -> None:
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()
+
+
+def _gather(obj: Any) -> list[Any]:
+    if _world() == 1:
+        return [obj]
+    out: list[Any] = [None] * _world()
+    dist.all_gather_object(out, obj)
+    return out
 
 
 def checkpoint_dir(run_dir: str | Path, step: int | None = None) -> Path:
@@ -41,48 +76,279 @@ def checkpoint_dir(run_dir: str | Path, step: int | None = None) -> Path:
     return Path(run_dir) / CHECKPOINTS / name
 
 
-def save_model(model: nn.Module, path: str | Path, step: int) -> Path:
-    """Save the (possibly sharded) model state to ``path`` atomically; every rank must call it."""
+# --------------------------------------------------------------------------- tensors vs JSON
+def split_tensors(obj: Any, prefix: str) -> tuple[dict[str, Any], Any]:
+    """(flat {key: tensor}, a JSON skeleton with {"__tensor__": key} where the tensors were)."""
+    flat: dict[str, Any] = {}
+
+    def walk(x: Any, key: str) -> Any:
+        if isinstance(x, torch.Tensor):
+            flat[key] = x
+            return {TENSOR: key}
+        if isinstance(x, dict):
+            return {"__dict__": [[k, walk(v, f"{key}.{k}")] for k, v in x.items()]}
+        if isinstance(x, (list, tuple)):
+            return [walk(v, f"{key}.{i}") for i, v in enumerate(x)]
+        if x is None or isinstance(x, (bool, int, float, str)):
+            return x
+        raise CheckpointError(f"checkpoint: {key} holds a {type(x).__name__}, which is neither a tensor "
+                              "nor JSON")
+
+    return flat, walk(obj, prefix)
+
+
+def join_tensors(skeleton: Any, flat: dict[str, Any]) -> Any:
+    """Inverse of :func:`split_tensors` (dict keys that were ints come back as ints)."""
+    if isinstance(skeleton, dict) and TENSOR in skeleton:
+        return flat[skeleton[TENSOR]]
+    if isinstance(skeleton, dict):
+        return {k: join_tensors(v, flat) for k, v in skeleton["__dict__"]}
+    if isinstance(skeleton, list):
+        return [join_tensors(v, flat) for v in skeleton]
+    return skeleton
+
+
+# --------------------------------------------------------------------------- safe DCP metadata
+_SAFE_PREFIXES = ("torch.distributed.checkpoint.",)
+_SAFE_GLOBALS = {("torch", "Size"), ("collections", "OrderedDict"),
+                 ("builtins", "set"), ("builtins", "frozenset"), ("builtins", "slice"),
+                 ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"), ("pathlib", "Path"),
+                 ("pathlib", "PurePosixPath")}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if module.startswith(_SAFE_PREFIXES) or (module, name) in _SAFE_GLOBALS or (
+                module == "torch" and isinstance(getattr(torch, name, None), (torch.dtype, torch.layout,
+                                                                               torch.memory_format))):
+            return super().find_class(module, name)
+        raise CheckpointError(f"DCP metadata refers to {module}.{name}, which a checkpoint never needs")
+
+
+class SafeReader(dcp.FileSystemReader):
+    """FileSystemReader whose metadata pickle may only build DCP metadata objects."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+        path = Path(self.path) / ".metadata"
+        try:
+            _MetadataUnpickler(io.BytesIO(path.read_bytes())).load()
+        except CheckpointError as e:
+            raise CheckpointError(f"{path}: {e}") from None
+        except Exception as e:
+            raise CheckpointError(f"{path}: unreadable DCP metadata ({type(e).__name__}: {e}); "
+                                  "the checkpoint is truncated or not a checkpoint") from None
+        return super().read_metadata(*args, **kwargs)
+
+
+def _check_files(path: Path) -> None:
+    """Every byte range the DCP metadata names must exist: a truncated checkpoint fails here, clearly."""
+    md = SafeReader(str(path)).read_metadata()
+    need: dict[str, int] = {}
+    for info in (md.storage_data or {}).values():
+        rel = getattr(info, "relative_path", None)
+        if rel is not None:
+            need[rel] = max(need.get(rel, 0), int(info.offset) + int(info.length))
+    for rel, size in need.items():
+        f = path / rel
+        if not f.exists():
+            raise CheckpointError(f"{path}: data file {rel} is missing (truncated checkpoint)")
+        if f.stat().st_size < size:
+            raise CheckpointError(f"{path}: data file {rel} has {f.stat().st_size} bytes, the metadata "
+                                  f"says at least {size} (truncated checkpoint)")
+
+
+# --------------------------------------------------------------------------- what is saved
+def model_fingerprint(model: nn.Module) -> str:
+    """Hash of parameter/buffer names and global shapes: same model config and schema -> same value."""
+    items = []
+    for k, v in model.state_dict().items():
+        shape = tuple(v.size()) if isinstance(v, torch.Tensor) else ()
+        items.append(f"{k}:{shape}")
+    return hashlib.sha256("\n".join(sorted(items)).encode()).hexdigest()[:16]
+
+
+def _rng_state() -> dict[str, Any]:
+    st = {"torch": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        st["cuda"] = base64.b64encode(torch.cuda.get_rng_state().numpy().tobytes()).decode()
+    return st
+
+
+def _set_rng_state(st: dict[str, Any]) -> None:
+    import numpy as np
+
+    torch.set_rng_state(torch.from_numpy(np.frombuffer(base64.b64decode(st["torch"]), dtype=np.uint8).copy()))
+    if "cuda" in st and torch.cuda.is_available():
+        torch.cuda.set_rng_state(
+            torch.from_numpy(np.frombuffer(base64.b64decode(st["cuda"]), dtype=np.uint8).copy()))
+
+
+def _dense_optim_state(model: nn.Module, opt: torch.optim.Optimizer) -> dict[str, Any]:
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    return get_optimizer_state_dict(_inner(model), opt)
+
+
+def _inner(model: nn.Module) -> nn.Module:
+    """The module inside a DMP wrapper: DCP's state_dict helpers resolve names against it."""
+    return getattr(model, "module", model)
+
+
+def _state(model: nn.Module, dense_opt: torch.optim.Optimizer | None,
+           sparse_opt: Any | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    flat: dict[str, Any] = {}
+    skel: dict[str, Any] = {}
+    for k, v in model.state_dict().items():
+        flat[f"model.{k}"] = v
+    if dense_opt is not None:
+        f, s = split_tensors(_dense_optim_state(model, dense_opt), "dense_optim")
+        flat.update(f)
+        skel["dense_optim"] = s
+    if sparse_opt is not None:
+        f, s = split_tensors(sparse_opt.state_dict(), "sparse_optim")
+        flat.update(f)
+        skel["sparse_optim"] = s
+    return flat, skel
+
+
+# --------------------------------------------------------------------------- save
+def save(path: str | Path, step: int, model: nn.Module, *, dense_opt: torch.optim.Optimizer | None = None,
+         sparse_opt: Any | None = None, scheduler: Any | None = None,
+         loader_state: dict[str, Any] | None = None,
+         extra: dict[str, Any] | None = None, keep: int = 0) -> Path:
+    """Write a checkpoint atomically; every rank must call it (collective).
+
+    ``loader_state``: this rank's loader state (merged over ranks here). ``extra``: JSON counters the
+    trainer wants back (epoch, examples, ...). ``keep`` > 0 deletes all but the newest ``keep`` periodic
+    checkpoints next to ``path`` after the new one is in place.
+    """
+    from opengem.data.loader import merge_states
+
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     if _rank() == 0:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.parent.mkdir(parents=True, exist_ok=True)
     _barrier()
-    dcp.save(model.state_dict(), checkpoint_id=str(tmp))
-    _barrier()
+    flat, skel = _state(model, dense_opt, sparse_opt)
+    dcp.save(flat, checkpoint_id=str(tmp))
+    loaders = _gather(loader_state)
+    rngs = _gather(_rng_state())
+    fingerprint = model_fingerprint(model)
     if _rank() == 0:
-        (tmp / "step.json").write_text(json.dumps({"step": step}))
+        meta = {"format": FORMAT, "version": VERSION, "step": step, "world_size": _world(),
+                "fingerprint": fingerprint, "rng": rngs,
+                "loader": merge_states(loaders) if loader_state is not None else None,
+                "scheduler": scheduler.state_dict() if scheduler is not None else None,
+                "optim_skeleton": skel, "extra": extra or {}}
+        with open(tmp / META, "w") as f:
+            json.dump(meta, f)
+            f.flush()
+            os.fsync(f.fileno())
         shutil.rmtree(path, ignore_errors=True)
         tmp.rename(path)
+        if keep > 0 and path.name != FINAL:
+            for old in periodic_checkpoints(path.parent)[:-keep]:
+                shutil.rmtree(old, ignore_errors=True)
     _barrier()
     return path
 
 
-def load_model(model: nn.Module, path: str | Path) -> int:
-    """Load weights saved by ``save_model`` into an identically built model; returns the saved step."""
+def save_model(model: nn.Module, path: str | Path, step: int) -> Path:
+    """Weights only (no optimizer or loader state): for tools that only need the model."""
+    return save(path, step, model)
+
+
+# --------------------------------------------------------------------------- find and check
+def read_meta(path: str | Path) -> dict[str, Any]:
+    """meta.json of a complete checkpoint, or a CheckpointError saying what is wrong with it."""
     path = Path(path)
-    if not (path / ".metadata").exists():
-        raise CheckpointError(f"{path}: not a checkpoint (no .metadata)")
-    state = model.state_dict()
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: no such checkpoint folder")
+    if path.name.endswith(".tmp"):
+        raise CheckpointError(f"{path}: an incomplete checkpoint (the run stopped while writing it)")
+    meta_file = path / META
+    if not (path / ".metadata").exists() or not meta_file.exists():
+        raise CheckpointError(f"{path}: not an opengem checkpoint (needs .metadata and {META})")
     try:
-        dcp.load(state, checkpoint_id=str(path))
-    except Exception as e:  # DCP's errors name tensors, not the cause: say which checkpoint and why
-        raise CheckpointError(f"{path}: cannot load into this model ({type(e).__name__}: {e}); "
-                              "was it saved by a run with the same model config and schema?") from e
-    model.load_state_dict(state)
-    step_file = path / "step.json"
-    return int(json.loads(step_file.read_text())["step"]) if step_file.exists() else -1
+        meta = json.loads(meta_file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{meta_file}: not valid JSON ({e}); the checkpoint is damaged") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise CheckpointError(f"{meta_file}: not an opengem checkpoint (format {meta.get('format')!r})"
+                              if isinstance(meta, dict) else f"{meta_file}: not an opengem checkpoint")
+    if meta.get("version") != VERSION:
+        raise CheckpointError(f"{meta_file}: checkpoint version {meta.get('version')!r}, this opengem "
+                              f"reads version {VERSION}")
+    return meta
+
+
+def periodic_checkpoints(root: str | Path) -> list[Path]:
+    """Complete periodic checkpoints under ``root``, oldest first."""
+    root = Path(root)
+    return sorted(p for p in root.glob("step-*")
+                  if not p.name.endswith(".tmp") and (p / META).exists() and (p / ".metadata").exists())
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path:
-    """The final checkpoint of a run, else its newest periodic one."""
+    """The newest complete checkpoint of a run by step (the final one wins a tie)."""
     root = Path(run_dir) / CHECKPOINTS
-    final = root / FINAL
-    if (final / ".metadata").exists():
-        return final
-    steps = sorted(p for p in root.glob("step-*")
-                   if not p.name.endswith(".tmp") and (p / ".metadata").exists())
-    if not steps:
+    found: list[tuple[int, int, Path]] = []
+    for p in [*periodic_checkpoints(root), root / FINAL]:
+        try:
+            found.append((int(read_meta(p)["step"]), int(p.name == FINAL), p))
+        except CheckpointError:
+            continue
+    if not found:
         raise CheckpointError(f"{run_dir}: no checkpoint under {root}")
-    return steps[-1]
+    return max(found)[2]
+
+
+# --------------------------------------------------------------------------- load
+def _dcp_load(flat: dict[str, Any], path: Path) -> None:
+    try:
+        dcp.load(flat, storage_reader=SafeReader(str(path)))
+    except CheckpointError:
+        raise
+    except Exception as e:  # DCP's errors name tensors, not the cause: say which checkpoint and why
+        raise CheckpointError(f"{path}: cannot load into this model ({type(e).__name__}: {str(e)[:500]}); "
+                              "was it saved by a run with the same model config and schema?") from e
+
+
+def load(path: str | Path, model: nn.Module, *, dense_opt: torch.optim.Optimizer | None = None,
+         sparse_opt: Any | None = None, scheduler: Any | None = None, restore_rng: bool = True
+         ) -> dict[str, Any]:
+    """Load a checkpoint into an identically configured model (any world size); returns its meta.json.
+
+    The caller restores the loader from ``meta["loader"]`` and its counters from ``meta["extra"]``.
+    """
+    path = Path(path)
+    meta = read_meta(path)
+    _check_files(path)
+    fp = model_fingerprint(model)
+    if meta.get("fingerprint") != fp:
+        raise CheckpointError(f"{path}: saved by a different model (parameter names/shapes differ: "
+                              f"fingerprint {meta.get('fingerprint')} vs {fp}); use the run's config.toml")
+    skel = meta.get("optim_skeleton") or {}
+    flat, cur = _state(model, dense_opt if "dense_optim" in skel else None,
+                       sparse_opt if "sparse_optim" in skel else None)
+    _dcp_load(flat, path)
+    model.load_state_dict({k[len("model."):]: v for k, v in flat.items() if k.startswith("model.")})
+    if dense_opt is not None and "dense_optim" in skel:
+        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+        set_optimizer_state_dict(_inner(model), dense_opt, join_tensors(skel["dense_optim"], flat))
+    if sparse_opt is not None and "sparse_optim" in skel:
+        # this rank's own layout: with table-wise sharding every rank holds the state of other tables
+        sparse_opt.load_state_dict(join_tensors(cur["sparse_optim"], flat))
+    if scheduler is not None and meta.get("scheduler") is not None:
+        scheduler.load_state_dict(meta["scheduler"])
+    if restore_rng and meta.get("rng"):
+        rngs = meta["rng"]
+        _set_rng_state(rngs[_rank() % len(rngs)])
+    return meta
+
+
+def load_model(model: nn.Module, path: str | Path) -> int:
+    """Load only the weights of a checkpoint; returns its step."""
+    return int(load(path, model, restore_rng=False)["step"])

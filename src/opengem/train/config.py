@@ -16,6 +16,11 @@ from opengem.model.registry import ModelConfig
 DEVICES = ("auto", "cpu", "cuda")
 SPARSE_OPTIMIZERS = ("rowwise_adagrad", "adagrad", "sgd")  # the fused optimizers that run on CPU (DESIGN §9)
 LR_DECAYS = ("none", "cosine")
+COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")  # train.compile_backend (opengem.train.compile)
+AC_MODES = ("none", "layer")  # train.activation_checkpointing (opengem.train.memory)
+PRECISIONS = ("fp32", "bf16")  # train.precision
+FP8_MODES = ("off", "e4m3", "e5m2")  # train.fp8_saved_activations
+SHARDINGS = ("auto", "table_wise", "row_wise", "column_wise")  # train.sharding (parallelize.py)
 
 
 @dataclass
@@ -53,6 +58,29 @@ class TrainConfig:
     device: str = "auto"  # auto (CUDA when available) | cpu | cuda
     threads: int = 0  # CPU intra-op threads for this run (0 = torch's default); 1 is fastest for tiny models
     progress: bool = True  # tqdm bar
+    # --- distribution (opengem.train.parallelize / distributed)
+    # embedding tables: auto (planner picks table/row-wise) | table_wise | row_wise | column_wise
+    sharding: str = "auto"
+    sparse_replicas: int = 1  # > 1: TorchRec 2-D layout (DMPCollection), tables replicated N times; GPU only
+    dp_replicate: int = 1  # dense HSDP: replica groups; 1 = plain FSDP over all ranks
+    dp_shard: int = -1  # dense HSDP: ranks per shard group; -1 = world / dp_replicate
+    fsdp_mixed_precision: str = "none"  # none | bf16 (FSDP2 MixedPrecisionPolicy: bf16 params, fp32 reduce)
+    dist_timeout_s: float = 600.0  # collectives fail after this long (a dead rank never hangs the others)
+    # --- checkpoints (opengem.train.checkpoint)
+    keep_checkpoints: int = 3  # periodic checkpoints kept (newest); 0 = keep all
+    # --- compile and memory savers (opengem.train.compile, opengem.train.memory)
+    compile: bool = False  # torch.compile the dense blocks (not the embedding tables); pads sequences
+    compile_backend: str = "inductor"  # inductor | aot_eager | eager (the last two: debugging, tests)
+    compile_cache_dir: str = ""  # persistent Inductor cache; "" = ~/.cache/opengem/inductor (run-independent)
+    activation_checkpointing: str = "none"  # none | layer (each InterFormer/Wukong/encoder layer)
+    precision: str = "fp32"  # fp32 | bf16 (autocast; weights and loss stay fp32)
+    fp8_saved_activations: str = "off"  # off | e4m3 | e5m2: saved-for-backward tensors stored as float8
+    fp8_min_numel: int = 4096  # smaller saved tensors stay as they are
+    # --- continuous training (opengem train --online; opengem.train.online)
+    online_poll_s: float = 5.0  # how often to look for a new partition when all seen ones are trained
+    online_max_idle_s: float = 60.0  # stop after this long without a new partition (0 = stop at once)
+    online_until: str = ""  # stop after training this partition (e.g. "day=013"); "" = no end partition
+    online_first: str = ""  # first partition to consume ("" = the oldest)
 
 
 @dataclass
@@ -83,6 +111,25 @@ class RunConfig:
                   "checkpoint_every"):
             need(getattr(t, k) >= 0, f"train.{k}", "must be >= 0", getattr(t, k))
         need(t.threads >= 0, "train.threads", "must be >= 0", t.threads)
+        need(t.sharding in SHARDINGS, "train.sharding", f"must be one of {', '.join(SHARDINGS)}", t.sharding)
+        need(t.sparse_replicas >= 1, "train.sparse_replicas", "must be >= 1", t.sparse_replicas)
+        need(t.dp_replicate >= 1, "train.dp_replicate", "must be >= 1", t.dp_replicate)
+        need(t.dp_shard == -1 or t.dp_shard >= 1, "train.dp_shard", "must be -1 or >= 1", t.dp_shard)
+        need(t.fsdp_mixed_precision in ("none", "bf16"), "train.fsdp_mixed_precision", "must be none or bf16",
+             t.fsdp_mixed_precision)
+        need(t.dist_timeout_s > 0, "train.dist_timeout_s", "must be > 0", t.dist_timeout_s)
+        need(t.keep_checkpoints >= 0, "train.keep_checkpoints", "must be >= 0", t.keep_checkpoints)
+        need(t.compile_backend in COMPILE_BACKENDS, "train.compile_backend",
+             f"must be one of {', '.join(COMPILE_BACKENDS)}", t.compile_backend)
+        need(t.activation_checkpointing in AC_MODES, "train.activation_checkpointing",
+             f"must be one of {', '.join(AC_MODES)}", t.activation_checkpointing)
+        need(t.precision in PRECISIONS, "train.precision", f"must be one of {', '.join(PRECISIONS)}",
+             t.precision)
+        need(t.fp8_saved_activations in FP8_MODES, "train.fp8_saved_activations",
+             f"must be one of {', '.join(FP8_MODES)}", t.fp8_saved_activations)
+        need(t.fp8_min_numel >= 0, "train.fp8_min_numel", "must be >= 0", t.fp8_min_numel)
+        need(t.online_poll_s > 0, "train.online_poll_s", "must be > 0", t.online_poll_s)
+        need(t.online_max_idle_s >= 0, "train.online_max_idle_s", "must be >= 0", t.online_max_idle_s)
         need(t.log_every > 0, "train.log_every", "must be > 0", t.log_every)
         need(0 <= t.min_lr_ratio <= 1, "train.min_lr_ratio", "must be in [0, 1]", t.min_lr_ratio)
         need(d.batch_size > 0, "data.batch_size", "must be > 0", d.batch_size)

@@ -26,20 +26,34 @@ from opengem.model.heads import masked_bce
 @torch.no_grad()
 def evaluate_model(model: nn.Module, batches: Iterable[Batch], schema: FeatureSchema, device: torch.device,
                    max_batches: int = 0) -> dict[str, Any]:
-    """Metrics over ``batches`` (all of them, or the first ``max_batches``); model is left in eval mode."""
+    """Metrics over ``batches`` (all of them, or the first ``max_batches``); model is left in eval mode.
+
+    Under several ranks each rank passes its own shard; ranks step in lockstep (a sharded model needs
+    every rank in every forward) and predictions are gathered, so every rank returns the global metrics.
+    """
+    from opengem.train.distributed import gather_objects, lockstep, world_size
+
     model.eval()
     acc = MetricAccumulator(schema.surfaces, schema.task_names)
     weights = torch.tensor([t.weight for t in schema.tasks], dtype=torch.float32, device=device)
     loss_sum, n_batches, rows = 0.0, 0, 0
-    for i, batch in enumerate(batches):
-        if max_batches and i >= max_batches:
-            break
+    for batch, real in lockstep(batches, device, max_batches):
         batch = batch.to(device)
         logits = model(batch).logits
+        if not real:  # this rank's shard ran out; it only keeps the others' forward going
+            continue
         loss_sum += float(masked_bce(logits, batch.labels, batch.label_mask, weights))
         n_batches += 1
         rows += batch.batch_size
         acc.update(torch.sigmoid(logits.float()), batch.labels, batch.label_mask, batch.surface)
+    if world_size() > 1:
+        parts = gather_objects((loss_sum, n_batches, rows, acc._p, acc._y))
+        loss_sum, n_batches, rows = (sum(x[i] for x in parts) for i in range(3))
+        acc._p, acc._y = {}, {}
+        for _, _, _, ps, ys in parts:
+            for k in ps:
+                acc._p.setdefault(k, []).extend(ps[k])
+                acc._y.setdefault(k, []).extend(ys[k])
     if rows == 0:
         raise ValueError("evaluate: the evaluation partitions gave no rows")
     return {"metrics": acc.compute(), "loss": loss_sum / n_batches, "rows": rows}

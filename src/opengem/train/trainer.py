@@ -13,11 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import math
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,10 +25,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torchrec.distributed import DistributedModelParallel
-from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
-from torchrec.distributed.sharding_plan import get_default_sharders
-from torchrec.distributed.types import ShardingEnv
-from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from opengem.config import save_config
 from opengem.data.dataset import Dataset
@@ -38,15 +32,19 @@ from opengem.data.schema import FeatureSchema
 from opengem.model.heads import masked_bce
 from opengem.model.registry import build_model
 from opengem.train import checkpoint as ckpt
-from opengem.train.config import DataConfig, RunConfig
+from opengem.train import distributed
+from opengem.train.compile import compile_counters
+from opengem.train.config import DataConfig, RunConfig, TrainConfig
+from opengem.train.memory import autocast, maybe_fp8_saved_activations
 from opengem.train.optim import (
     apply_sparse_optimizer,
     build_dense_optimizer,
     build_scheduler,
     clip_dense_gradients,
     dense_parameters,
-    embedding_modules,
 )
+from opengem.train.parallelize import full_state, init_from_full, parallelize, shard_tables, table_names
+from opengem.train.startup import StartupTimer
 
 SIM_MARKER = ".opengem_sim_config.json"
 
@@ -77,61 +75,51 @@ def cpu_threads(n: int) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def process_group(device: torch.device) -> Iterator[dist.ProcessGroup]:
-    """The existing default group (torchrun), or a private 1-process one destroyed on exit."""
-    if dist.is_initialized():
-        yield dist.group.WORLD
-        return
-    tmp = tempfile.mkdtemp(prefix="opengem-pg-")
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(backend, store=dist.FileStore(f"{tmp}/store", 1), rank=0, world_size=1)
-    try:
-        yield dist.group.WORLD
-    finally:
-        dist.destroy_process_group()
-        shutil.rmtree(tmp, ignore_errors=True)
+def process_group(device: torch.device, timeout_s: float = 600.0) -> Iterator[dist.ProcessGroup]:
+    """The existing default group, torchrun's, or a private 1-process one (see train/distributed.py)."""
+    with distributed.process_group(device, timeout_s) as pg:
+        yield pg
 
 
-def shard_model(model: nn.Module, device: torch.device, pg: dist.ProcessGroup) -> nn.Module:
-    """Wrap in DMP with a planned sharding; tables restricted to table/row-wise.
-
-    Data-parallel sharding fails for EmbeddingCollection on CPU (DESIGN §9) and would take the tables
-    away from the fused sparse optimizer, so the planner may only choose table-wise or row-wise.
-    """
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    tables = [t.name for m in embedding_modules(model) for t in _table_configs(m)]
-    if not tables:
+def shard_model(model: nn.Module, device: torch.device, pg: dist.ProcessGroup,
+                cfg: TrainConfig | None = None) -> nn.Module:
+    """Tables sharded by TorchRec's planner (``parallelize.shard_tables``); dense part left unsharded."""
+    if not table_names(model):
         return model.to(device)
-    constraints = {t: ParameterConstraints(sharding_types=["table_wise", "row_wise"]) for t in tables}
-    world = dist.get_world_size(pg)
-    topology = Topology(world_size=world, compute_device=device.type,
-                        local_world_size=min(world, max(1, torch.cuda.device_count()))
-                        if device.type == "cuda" else world)
-    for name in ("torchrec.distributed.planner", "torch.fx._symbolic_trace"):  # chatty, not actionable
-        logging.getLogger(name).setLevel(logging.ERROR)
-    planner = EmbeddingShardingPlanner(topology=topology, constraints=constraints)
-    sharders = get_default_sharders()
-    plan = planner.collective_plan(model, sharders, pg)
-    dmp = DistributedModelParallel(model, env=ShardingEnv.from_process_group(pg), device=device, plan=plan,
-                                   sharders=sharders, init_data_parallel=world > 1)
-    if world == 1 and device.type != "cpu":
-        # without the DDP wrap DMP leaves the dense part where it was built; move it as the wrap would
-        dmp._dmp_wrapped_module.to(device)
-    return dmp
-
-
-def _table_configs(m: nn.Module) -> list[Any]:
-    return m.embedding_bag_configs() if isinstance(m, EmbeddingBagCollection) else m.embedding_configs()
+    return shard_tables(model, device, pg, cfg or TrainConfig())
 
 
 def build_run_model(schema: FeatureSchema, cfg: RunConfig, device: torch.device,
-                    pg: dist.ProcessGroup) -> tuple[nn.Module, nn.Module]:
-    """(sharded model to train/evaluate, the plain model inside it for FLOPs and introspection)."""
-    torch.manual_seed(cfg.train.seed)
-    model = build_model(schema, cfg.model)
-    apply_sparse_optimizer(model, cfg.train)
-    return shard_model(model, device, pg), model
+                    pg: dist.ProcessGroup, timer: StartupTimer | None = None) -> tuple[nn.Module, nn.Module]:
+    """(sharded model to train/evaluate, the plain model inside it for FLOPs and introspection).
+
+    Every rank builds the same full model from the seed and the sharded model copies its shards from
+    it, so the initial parameters do not depend on the world size or sharding plan.
+    """
+    timer = timer or StartupTimer()
+    with timer.phase("model_build"):
+        torch.manual_seed(cfg.train.seed)
+        model = build_model(schema, cfg.model)
+        full = full_state(model)
+        apply_sparse_optimizer(model, cfg.train)
+    with timer.phase("sharding"):
+        mesh = distributed.dense_mesh(device, cfg.train.dp_replicate, cfg.train.dp_shard)
+        sharded, info = parallelize(model, mesh, cfg.train, device, pg)
+        init_from_full(sharded, full)
+    sharded.parallel_info = info  # plan, FSDP units, mesh, dense_grad_scale
+    torch.manual_seed(cfg.train.seed + distributed.rank())  # e.g. dropout: a different stream per rank
+    return sharded, model
+
+
+def prepare_compile(cfg: RunConfig) -> dict[str, Any]:
+    """With ``train.compile``: the persistent cache folder, and static sequence shapes (no recompiles)."""
+    if not cfg.train.compile:
+        return {}
+    from opengem.train.compile import configure_compile_cache
+
+    cache = configure_compile_cache(cfg.train.compile_cache_dir or None)
+    cfg.model.embedding.pad_to_max_len = True  # saved in config.toml, so evaluation rebuilds the same
+    return {"cache_dir": str(cache), "backend": cfg.train.compile_backend}
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -214,37 +202,70 @@ def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- training
-def train(cfg: RunConfig, run_dir: str | Path, data_dir: str | Path | None = None) -> dict[str, Any]:
-    """Train per ``cfg`` and write the run folder; returns the summary also written to train_summary.json."""
+def train(cfg: RunConfig, run_dir: str | Path, data_dir: str | Path | None = None, *, resume: bool = False,
+          timer: StartupTimer | None = None) -> dict[str, Any]:
+    """Train per ``cfg`` and write the run folder; returns the summary also written to train_summary.json.
+
+    ``resume``: continue from the newest complete checkpoint in RUN/checkpoints (model, optimizers, lr
+    schedule, loader position, RNG, counters), or start afresh when there is none. Under torchrun every
+    rank calls this; rank 0 writes the run folder's files.
+    """
     from opengem.train.evaluate import evaluate_model
 
+    timer = timer or StartupTimer()
     cfg.validate()
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     device = resolve_device(cfg.train.device)
-    data_path = prepare_data(cfg.data, run_dir, data_dir)
-    cfg.data.path = str(data_path)  # the resolved config names the data it trained on
-    ds = Dataset(data_path)
-    schema = ds.schema
     t = cfg.train
 
-    with process_group(device) as pg, cpu_threads(t.threads):
+    with process_group(device, t.dist_timeout_s) as pg, cpu_threads(t.threads):
         is_main = dist.get_rank() == 0
+        world = dist.get_world_size()
+        with timer.phase("data_setup"):
+            if not is_main:
+                distributed.barrier()  # rank 0 simulates the embedded default first; the others reuse it
+            data_path = prepare_data(cfg.data, run_dir, data_dir)
+            if is_main:
+                distributed.barrier()
+            cfg.data.path = str(data_path)  # the resolved config names the data it trained on
+            ds = Dataset(data_path)
+            schema = ds.schema
+        compile_info = prepare_compile(cfg)  # before the model is built: it may pad sequences
         if is_main:
             save_config(cfg, run_dir / "config.toml")
-        model, plain = build_run_model(schema, cfg, device, pg)
+        model, plain = build_run_model(schema, cfg, device, pg, timer)
         dense = dense_parameters(model)
         dense_list = list(dense.values())
         opt = build_dense_optimizer(dense, t)
         sched = build_scheduler(opt, t)
         fused = getattr(model, "fused_optimizer", None)
+        grad_scale = float(getattr(model, "parallel_info", {}).get("dense_grad_scale", 1))
+        resumed = None
+        start_step, start_epoch, start_examples, first_loss_saved, loader_state = 0, 0, 0, None, None
+        if resume:
+            with timer.phase("checkpoint_load"):
+                try:
+                    path = ckpt.latest_checkpoint(run_dir)
+                except ckpt.CheckpointError:
+                    path = None  # nothing saved yet: a fresh start
+                if path is not None:
+                    meta = ckpt.load(path, model, dense_opt=opt, sparse_opt=fused, scheduler=sched)
+                    extra = meta.get("extra", {})
+                    start_step, start_epoch = int(meta["step"]), int(extra.get("epoch", 0))
+                    start_examples = int(extra.get("examples", 0))
+                    first_loss_saved, loader_state = extra.get("first_loss"), meta.get("loader")
+                    resumed = {"checkpoint": str(path), "step": start_step,
+                               "saved_world_size": meta["world_size"]}
         weights = task_weights(schema, device)
         flops = int(plain.flops_per_example()) if hasattr(plain, "flops_per_example") else None
         log = RunLog(run_dir, enabled=is_main)
         log.write({"kind": "setup", "model": cfg.model.name, "flops_per_example": flops,
                    "dense_params": sum(p.numel() for p in dense_list),
                    "embedding_params": sum(v * d for v, d in schema.tables().values()),
-                   "device": str(device), "world_size": dist.get_world_size(), "data": str(data_path)}, 0)
+                   "device": str(device), "world_size": world, "data": str(data_path),
+                   "parallel": {k: v for k, v in getattr(model, "parallel_info", {}).items() if k != "plan"},
+                   "resumed": resumed}, start_step)
 
         bar = None
         if t.progress and is_main:
@@ -252,33 +273,58 @@ def train(cfg: RunConfig, run_dir: str | Path, data_dir: str | Path | None = Non
 
             bar = tqdm(total=t.steps or None, unit="step", desc=f"train {cfg.model.name}", dynamic_ncols=True)
 
-        step, examples, epoch, problems = 0, 0, 0, []
+        step, examples, epoch, problems = start_step, start_examples, start_epoch, []
+        if bar is not None and step:
+            bar.update(step)
         t_start = time.perf_counter()
         window_loss, window_n, window_ex, window_t = 0.0, 0, 0, time.perf_counter()
-        first_loss = last_loss = None
-        done = False
+        first_loss, last_loss = first_loss_saved, None
+        done = bool((t.steps and step >= t.steps) or (not t.steps and epoch >= t.epochs))
+        step_seconds, first_step_done, t_step = 0.0, False, time.perf_counter()
+        end_position = loader_state  # the loader position saved with the final checkpoint
         try:
             while not done:
                 loader = make_loader(ds, cfg.data.train, cfg.data, train=True, seed=t.seed + epoch)
+                if loader_state is not None:
+                    loader.load_state_dict(loader_state)  # the saved position, merged over the saved ranks
+                    loader_state = None
                 seen_in_epoch = 0
-                for batch in loader:
+                t_step = time.perf_counter()
+                for batch in distributed.until_any_exhausted(loader, device):
                     model.train()
                     batch = batch.to(device)
-                    out = model(batch)
-                    loss = masked_bce(out.logits, batch.labels, batch.label_mask, weights)
+                    with autocast(t.precision, device), maybe_fp8_saved_activations(
+                            t.fp8_saved_activations, t.fp8_min_numel):
+                        out = model(batch)
+                    loss = masked_bce(out.logits.float(), batch.labels, batch.label_mask, weights)
+                    if world > 1:
+                        # this rank's share of the global-batch mean: sum / (labels over all ranks)
+                        n_local = batch.label_mask.bool().sum().to(loss.dtype)
+                        loss = loss * n_local / distributed.all_reduce_sum(n_local).clamp(min=1)
                     if not torch.isfinite(loss):
                         raise TrainError(f"step {step}: loss is {loss.item()} "
                                          "(lower train.lr or check the data)")
                     opt.zero_grad(set_to_none=True)
                     loss.backward()
+                    if grad_scale != 1:  # FSDP averaged over ranks; the global-batch gradient is their sum
+                        for p in dense_list:
+                            if p.grad is not None:
+                                p.grad.mul_(grad_scale)
                     gnorm = clip_dense_gradients(dense_list, t.grad_clip)
                     opt.step()
                     sched.step()
                     step += 1
                     seen_in_epoch += 1
-                    bsz = batch.batch_size
+                    distributed.maybe_inject_failure(step)
+                    bsz = batch.batch_size * world
                     examples += bsz
-                    lv = float(loss.detach())
+                    lv = float(distributed.all_reduce_sum(loss.detach()) if world > 1 else loss.detach())
+                    now = time.perf_counter()
+                    if first_step_done:
+                        step_seconds += now - t_step
+                    else:
+                        timer.add("first_step", now - t_step)
+                        first_step_done = True
                     first_loss = lv if first_loss is None else first_loss
                     last_loss = lv
                     window_loss += lv
@@ -300,10 +346,15 @@ def train(cfg: RunConfig, run_dir: str | Path, data_dir: str | Path | None = Non
                                              schema, device, max_batches=t.eval_max_batches)
                         log.write({"kind": "eval", "step": step, **_short(res)}, step)
                     if t.checkpoint_every and step % t.checkpoint_every == 0:
-                        ckpt.save_model(model, ckpt.checkpoint_dir(run_dir, step), step)
+                        ckpt.save(ckpt.checkpoint_dir(run_dir, step), step, model, dense_opt=opt,
+                                  sparse_opt=fused, scheduler=sched, loader_state=loader.state_dict(),
+                                  keep=t.keep_checkpoints,
+                                  extra={"epoch": epoch, "examples": examples, "first_loss": first_loss})
                     if t.steps and step >= t.steps:
                         done = True
+                        end_position = loader.state_dict()  # mid-epoch: a later --resume with more steps
                         break
+                    t_step = time.perf_counter()
                 if loader.problems.total:
                     problems.append(f"epoch {epoch}: {loader.problems.report()}")
                 if seen_in_epoch == 0:
@@ -316,7 +367,9 @@ def train(cfg: RunConfig, run_dir: str | Path, data_dir: str | Path | None = Non
             if bar is not None:
                 bar.close()
         train_s = time.perf_counter() - t_start
-        ckpt.save_model(model, ckpt.checkpoint_dir(run_dir), step)
+        ckpt.save(ckpt.checkpoint_dir(run_dir), step, model, dense_opt=opt, sparse_opt=fused, scheduler=sched,
+                  loader_state=end_position,
+                  extra={"epoch": epoch, "examples": examples, "first_loss": first_loss})
         final_eval = None
         if t.final_eval:
             final_eval = evaluate_model(model, make_loader(ds, cfg.data.eval, cfg.data, train=False), schema,
@@ -330,11 +383,25 @@ def train(cfg: RunConfig, run_dir: str | Path, data_dir: str | Path | None = Non
             "final_eval": final_eval["metrics"] if final_eval else None,
             "sparse_optimizer": type(fused).__name__ if fused is not None else None,
             "data_problems": problems,  # rows skipped or repaired by the loader under the schema's policies
+            "world_size": world, "resumed": resumed,
+            "parallel": {k: v for k, v in getattr(model, "parallel_info", {}).items()},
+            "startup": timer.summary(step_seconds),
+            "peak_rss_mb_per_rank": distributed.gather_objects(_peak_rss_mb()),
+            "compile": {**compile_info, **compile_counters()} if compile_info else None,
+            "memory": {"activation_checkpointing": t.activation_checkpointing, "precision": t.precision,
+                       "fp8_saved_activations": t.fp8_saved_activations},
         }
         if is_main:
             (run_dir / "train_summary.json").write_text(json.dumps(summary, indent=2))
         log.close()
     return summary
+
+
+def _peak_rss_mb() -> float:
+    """Peak resident memory of this process (Linux: ru_maxrss is in KiB)."""
+    import resource
+
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
 def _short(res: dict[str, Any]) -> dict[str, Any]:

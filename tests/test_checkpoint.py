@@ -1,0 +1,196 @@
+"""Checkpoints: exact resume (in-process, and after SIGKILL in 1 and 2 processes), 2 -> 1 processes,
+atomicity/retention, and clear errors for truncated, foreign or malicious checkpoints."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from dist_helpers import TINY, aligned_dataset, env, losses, run_train, train_cmd
+from opengem.train import checkpoint as ckpt
+from opengem.train.config import load_run_config
+from opengem.train.trainer import prepare_data, train
+
+FAST = ["train.progress=false", "train.threads=1", "train.warmup_steps=3", "train.final_eval=false",
+        "train.log_every=2", "data.batch_size=64", "train.checkpoint_every=4"]
+
+
+def final_tensors(run: Path) -> dict[str, torch.Tensor]:
+    """The final checkpoint's model tensors, read back through DCP into full (unsharded) tensors."""
+    import torch.distributed.checkpoint as dcp
+
+    md = ckpt.SafeReader(str(run / "checkpoints" / "final")).read_metadata()
+    out = {k: torch.empty(v.size, dtype=v.properties.dtype) for k, v in md.state_dict_metadata.items()
+           if k.startswith("model.") and hasattr(v, "size")}
+    dcp.load(out, storage_reader=ckpt.SafeReader(str(run / "checkpoints" / "final")), no_dist=True)
+    return out
+
+
+def assert_same_params(a: Path, b: Path) -> None:
+    ta, tb = final_tensors(a), final_tensors(b)
+    assert ta.keys() == tb.keys() and ta
+    for k in ta:
+        assert torch.equal(ta[k], tb[k]), k
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ckptdata")
+    return prepare_data(load_run_config(TINY).data, root)
+
+
+def test_resume_in_process_is_exact(tmp_path, data):
+    """8 steps then resume to 12 == 12 steps: same parameters (bitwise), same losses, same optimizer step."""
+    full = train(load_run_config(TINY, FAST + ["train.steps=12"]), tmp_path / "full", data)
+    train(load_run_config(TINY, FAST + ["train.steps=8"]), tmp_path / "part", data)
+    meta = ckpt.read_meta(ckpt.latest_checkpoint(tmp_path / "part"))
+    assert meta["step"] == 8 and meta["loader"]["offsets"]  # a mid-epoch loader position
+    res = train(load_run_config(TINY, FAST + ["train.steps=12"]), tmp_path / "part", data, resume=True)
+    assert res["resumed"]["step"] == 8 and res["steps"] == 12
+    assert res["last_loss"] == full["last_loss"] and res["first_loss"] == full["first_loss"]
+    assert losses(tmp_path / "part")[12] == losses(tmp_path / "full")[12]
+    assert_same_params(tmp_path / "full", tmp_path / "part")
+
+
+def test_retention_and_incomplete_ignored(tmp_path, data):
+    train(load_run_config(TINY, FAST + ["train.steps=16", "train.checkpoint_every=2",
+                                        "train.keep_checkpoints=2"]), tmp_path, data)
+    root = tmp_path / "checkpoints"
+    assert [p.name for p in ckpt.periodic_checkpoints(root)] == ["step-00000014", "step-00000016"]
+    # a half-written newer checkpoint (crash while saving) is never picked
+    (root / "step-00000099.tmp").mkdir()
+    (root / "step-00000099.tmp" / ".metadata").write_bytes(b"partial")
+    assert ckpt.latest_checkpoint(tmp_path).name in ("final", "step-00000016")
+    with pytest.raises(ckpt.CheckpointError, match="incomplete"):
+        ckpt.read_meta(root / "step-00000099.tmp")
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory, data):
+    out = tmp_path_factory.mktemp("saved")
+    train(load_run_config(TINY, FAST + ["train.steps=2"]), out, data)
+    return out
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    import shutil
+
+    shutil.copytree(src, dst)
+    return dst
+
+
+def _load_into_tiny(path: Path, overrides: list[str] | None = None) -> None:
+    from opengem.data.dataset import Dataset
+    from opengem.train.trainer import build_run_model, process_group
+
+    cfg = load_run_config(TINY, ["train.progress=false", *(overrides or [])])
+    ds = Dataset(load_run_config(path.parents[1] / "config.toml").data.path)
+    with process_group(torch.device("cpu")) as pg:
+        model, _ = build_run_model(ds.schema, cfg, torch.device("cpu"), pg)
+        ckpt.load_model(model, path)
+
+
+def test_truncated_checkpoint_is_clear(tmp_path, saved):
+    c = _copy(saved / "checkpoints" / "final", tmp_path / "c")
+    f = max(c.glob("*.distcp"), key=lambda p: p.stat().st_size)
+    f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    with pytest.raises(ckpt.CheckpointError, match="truncated"):
+        ckpt.load(c, torch.nn.Linear(1, 1))
+
+
+def test_foreign_checkpoints_are_clear(tmp_path, saved):
+    c = _copy(saved / "checkpoints" / "final", tmp_path / "c")
+    meta = json.loads((c / "meta.json").read_text())
+    (c / "meta.json").write_text(json.dumps({**meta, "format": "something-else"}))
+    with pytest.raises(ckpt.CheckpointError, match="not an opengem checkpoint"):
+        ckpt.read_meta(c)
+    with pytest.raises(ckpt.CheckpointError, match="not an opengem checkpoint"):
+        ckpt.read_meta(tmp_path)  # a folder without checkpoint files
+    # a checkpoint of another model config: the fingerprint says so before any tensor is touched
+    with pytest.raises(ckpt.CheckpointError, match="different model"):
+        _load_into_tiny(saved / "checkpoints" / "final", ["model.embedding.d=8"])
+
+
+def test_malicious_metadata_is_not_unpickled(tmp_path, saved):
+    c = _copy(saved / "checkpoints" / "final", tmp_path / "c")
+    marker = tmp_path / "pwned"
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    (c / ".metadata").write_bytes(pickle.dumps(Evil()))
+    with pytest.raises(ckpt.CheckpointError, match="never needs"):
+        ckpt.load(c, torch.nn.Linear(1, 1))
+    assert not marker.exists()
+
+
+def test_split_join_roundtrip():
+    state = {"state": {3: {"step": torch.tensor(2.0), "m": torch.ones(2)}}, "param_groups": [{"lr": 0.1,
+             "betas": (0.9, 0.99), "params": ["a", "b"]}]}
+    flat, skel = ckpt.split_tensors(state, "x")
+    back = ckpt.join_tensors(json.loads(json.dumps(skel)), flat)
+    assert set(flat) == {"x.state.3.step", "x.state.3.m"}
+    assert back["state"][3]["m"] is flat["x.state.3.m"] and back["param_groups"][0]["betas"] == [0.9, 0.99]
+    with pytest.raises(ckpt.CheckpointError, match="neither a tensor nor JSON"):
+        ckpt.split_tensors({"a": object()}, "x")
+
+
+# --------------------------------------------------------------------------- SIGKILL (subprocesses)
+def _kill_after_checkpoint(cmd: list[str], run: Path, step: int, timeout: float = 300) -> None:
+    proc = subprocess.Popen(cmd, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    target = run / "checkpoints" / f"step-{step:08d}" / "meta.json"
+    t0 = time.time()
+    try:
+        while not target.exists():
+            assert proc.poll() is None, "the run ended before the checkpoint appeared"
+            assert time.time() - t0 < timeout
+            time.sleep(0.05)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the whole process group: torchrun and its workers
+        proc.wait()
+    assert not (run / "checkpoints" / "final").exists(), "killed too late"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_sigkill_and_resume_matches_uninterrupted(tmp_path, data, nproc):
+    aligned = aligned_dataset(Path(data), tmp_path / "aligned", 32)
+    args = ["train.steps=60", "train.checkpoint_every=10", "train.log_every=10", "data.batch_size=32",
+            "train.final_eval=true"]
+    ref = run_train(nproc, tmp_path / "ref", aligned, args)
+    _kill_after_checkpoint(train_cmd(nproc, tmp_path / "killed", aligned, args), tmp_path / "killed", 10)
+    res = run_train(nproc, tmp_path / "killed", aligned, args, resume=True)
+    assert res["resumed"] and res["resumed"]["step"] >= 10
+    assert res["last_loss"] == ref["last_loss"]
+    assert res["final_eval"] == ref["final_eval"]
+    assert_same_params(tmp_path / "ref", tmp_path / "killed")
+
+
+@pytest.mark.slow
+def test_two_processes_checkpoint_loads_into_one(tmp_path, data):
+    """2 -> 1: the 2-rank run's checkpoint resumes in one process and gives the same model (and metrics)."""
+    aligned = aligned_dataset(Path(data), tmp_path / "aligned", 32)
+    args = ["train.steps=10", "train.checkpoint_every=10", "data.batch_size=32"]
+    two = run_train(2, tmp_path / "run", aligned, args)
+    before = final_tensors(tmp_path / "run")
+    one = run_train(1, tmp_path / "run", aligned, args, resume=True)  # nothing left to train: reload + save
+    assert one["resumed"]["saved_world_size"] == 2 and one["world_size"] == 1
+    after = final_tensors(tmp_path / "run")
+    for k in before:
+        assert torch.equal(before[k], after[k]), k
+    for k, m in two["final_eval"].items():
+        assert one["final_eval"][k]["auc"] == pytest.approx(m["auc"], abs=1e-6), k
+    # and it keeps training in one process from there
+    more = run_train(1, tmp_path / "run", aligned, ["train.steps=14", "train.checkpoint_every=10",
+                                                    "data.batch_size=64"], resume=True)
+    assert more["steps"] == 14
