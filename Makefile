@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test test-slow lint clean
+.PHONY: venv demo test test-slow lint clean chromium
 
 venv: $(STAMP)
 
@@ -20,7 +20,18 @@ $(STAMP): requirements/cpu.txt requirements/torchrec.txt pyproject.toml
 demo: $(STAMP)
 	$(PY) -m opengem.demo
 
-test: $(STAMP)
+# Debian's chromium for the report's headless-browser test; installs only where apt-get runs as root,
+# otherwise does nothing (that test then skips, saying why), so `make test` works everywhere.
+chromium:
+	@if command -v chromium >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing Debian's chromium (report browser test)"; \
+	  (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium) \
+	    >/tmp/opengem-chromium-install.log 2>&1 \
+	  || echo "chromium install failed (/tmp/opengem-chromium-install.log): its test will skip"; \
+	else echo "no chromium and no root apt-get: the report browser test will skip"; fi
+
+test: $(STAMP) chromium
 	$(VENV)/bin/ruff check src tests
 	$(PY) -m pytest -q
 

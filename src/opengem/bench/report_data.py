@@ -1,0 +1,223 @@
+"""Reading run and sweep folders for ``opengem report``, tolerant of missing or damaged pieces.
+
+A report is most wanted exactly when something went wrong (a run died before evaluation, a log line was
+cut by a crash), so nothing here raises for a missing or unreadable file: it records a note that the page
+shows instead. Only a path that is not a run or sweep folder at all is an error.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+RUN_FILES = ("config.toml", "metrics.jsonl", "train_summary.json", "eval.json")
+SWEEP_FILES = ("scaling.csv", "fits.json", "scaling.png")
+PREDICTIONS = "predictions.parquet"  # optional: columns surface, task, p, y -> reliability curves
+
+
+class ReportError(ValueError):
+    pass
+
+
+@dataclass
+class RunData:
+    path: Path
+    name: str
+    config_text: str | None = None
+    config: dict[str, Any] = field(default_factory=dict)
+    records: list[dict[str, Any]] = field(default_factory=list)
+    summary: dict[str, Any] | None = None
+    eval: dict[str, Any] | None = None
+    reliability: dict[str, tuple[list[float], list[float]]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def kind(self, kind: str) -> list[dict[str, Any]]:
+        return [r for r in self.records if r.get("kind") == kind]
+
+    @property
+    def model(self) -> str:
+        for src in (self.summary or {}, self.eval or {}, *self.kind("setup")):
+            if src.get("model"):
+                return str(src["model"])
+        return str(self.config.get("model", {}).get("name", "?"))
+
+    def final_metrics(self) -> tuple[dict[str, dict[str, Any]] | None, str]:
+        """Per surface/task metrics and where they came from: eval.json, else training's final eval."""
+        if self.eval and isinstance(self.eval.get("metrics"), dict):
+            return self.eval["metrics"], "eval.json"
+        if self.summary and isinstance(self.summary.get("final_eval"), dict):
+            return self.summary["final_eval"], "train_summary.json (final evaluation during training)"
+        return None, ""
+
+    def oracle(self) -> dict[str, Any]:
+        o = (self.eval or {}).get("oracle")
+        return o if isinstance(o, dict) else {}
+
+
+@dataclass
+class SweepData:
+    path: Path
+    name: str
+    csv_header: list[str] = field(default_factory=list)
+    csv_rows: list[list[str]] = field(default_factory=list)
+    fits: Any = None
+    pngs: dict[str, bytes] = field(default_factory=dict)
+    sweep_toml: str | None = None
+    runs: list[str] = field(default_factory=list)  # run folders under runs/ (opengem scale's layout)
+    notes: list[str] = field(default_factory=list)
+
+
+def is_sweep(path: Path) -> bool:
+    return any((path / f).exists() for f in SWEEP_FILES)
+
+
+def is_run(path: Path) -> bool:
+    return any((path / f).exists() for f in RUN_FILES)
+
+
+def _read_json(path: Path, notes: list[str]) -> Any:
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        notes.append(f"{path.name}: unreadable ({e}); ignored")
+        return None
+
+
+def load_run(path: str | Path, name: str | None = None) -> RunData:
+    path = Path(path)
+    run = RunData(path=path, name=name or path.name)
+    cfg = path / "config.toml"
+    if cfg.exists():
+        run.config_text = cfg.read_text()
+        try:
+            run.config = tomllib.loads(run.config_text)
+        except tomllib.TOMLDecodeError as e:
+            run.notes.append(f"config.toml: not valid TOML ({e}); shown as text")
+    else:
+        run.notes.append("no config.toml")
+    m = path / "metrics.jsonl"
+    if m.exists():
+        for i, line in enumerate(m.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                run.notes.append(f"metrics.jsonl line {i}: not JSON (cut by a crash?); skipped")
+                continue
+            if isinstance(rec, dict):
+                run.records.append(rec)
+    else:
+        run.notes.append("no metrics.jsonl: no training curves")
+    run.summary = _read_json(path / "train_summary.json", run.notes)
+    if run.summary is None and not any("train_summary" in n for n in run.notes):
+        run.notes.append("no train_summary.json (training did not finish?)")
+    run.eval = _read_json(path / "eval.json", run.notes)
+    if run.eval is None and not any("eval.json" in n for n in run.notes):
+        run.notes.append(f"no eval.json (run `opengem evaluate --run {path}` to add it)")
+    if (path / PREDICTIONS).exists():
+        try:
+            run.reliability = reliability_from_predictions(path / PREDICTIONS)
+        except (OSError, ValueError, KeyError) as e:
+            run.notes.append(f"{PREDICTIONS}: unreadable ({e}); calibration shown as ratios")
+    return run
+
+
+def load_sweep(path: str | Path, name: str | None = None) -> SweepData:
+    path = Path(path)
+    sw = SweepData(path=path, name=name or path.name)
+    c = path / "scaling.csv"
+    if c.exists():
+        try:
+            with c.open(newline="") as f:
+                rows = list(csv.reader(f))
+            sw.csv_header, sw.csv_rows = (rows[0], rows[1:]) if rows else ([], [])
+        except (OSError, csv.Error, UnicodeDecodeError) as e:
+            sw.notes.append(f"scaling.csv: unreadable ({e})")
+    else:
+        sw.notes.append("no scaling.csv")
+    sw.fits = _read_json(path / "fits.json", sw.notes)
+    if sw.fits is None and not (path / "fits.json").exists():
+        sw.notes.append("no fits.json")
+    for p in sorted(path.glob("*.png"), key=lambda p: (p.name != "scaling.png", p.name)):
+        sw.pngs[p.name] = p.read_bytes()
+    if not sw.pngs:
+        sw.notes.append("no scaling.png")
+    if (path / "sweep.toml").exists():
+        sw.sweep_toml = (path / "sweep.toml").read_text()
+    if (path / "runs").is_dir():
+        sw.runs = sorted(str(p) for p in (path / "runs").iterdir() if p.is_dir() and is_run(p))
+    return sw
+
+
+def reliability(p: np.ndarray, y: np.ndarray, bins: int = 10) -> tuple[list[float], list[float]]:
+    """(mean prediction, observed rate) per equal-count bin of predictions: a reliability curve."""
+    order = np.argsort(p, kind="mergesort")
+    chunks = [c for c in np.array_split(order, min(bins, max(1, p.size))) if c.size]
+    return [float(p[c].mean()) for c in chunks], [float(y[c].mean()) for c in chunks]
+
+
+def reliability_from_predictions(path: Path) -> dict[str, tuple[list[float], list[float]]]:
+    """Reliability curves per ``surface/task`` (and ``all/task``) from a predictions Parquet file."""
+    import pyarrow.parquet as pq
+
+    t = pq.read_table(path, columns=["surface", "task", "p", "y"]).to_pydict()
+    surf = np.asarray(t["surface"], dtype=object)
+    task = np.asarray(t["task"], dtype=object)
+    p = np.asarray(t["p"], dtype=np.float64)
+    y = np.asarray(t["y"], dtype=np.float64)
+    out: dict[str, tuple[list[float], list[float]]] = {}
+    for tk in sorted(set(task.tolist())):
+        sel_t = task == tk
+        for s in sorted(set(surf[sel_t].tolist())):
+            sel = sel_t & (surf == s)
+            out[f"{s}/{tk}"] = reliability(p[sel], y[sel])
+        out[f"all/{tk}"] = reliability(p[sel_t], y[sel_t])
+    return out
+
+
+def load_inputs(paths: list[str | Path]) -> tuple[list[RunData], list[SweepData]]:
+    """Classify each path as a run or a sweep folder; names made unique for legends and tables."""
+    runs: list[RunData] = []
+    sweeps: list[SweepData] = []
+    names: dict[str, int] = {}
+    for raw in paths:
+        path = Path(raw)
+        if not path.is_dir():
+            raise ReportError(f"{path}: no such folder (give a run folder or a scaling sweep folder)")
+        base = path.resolve().name or str(path)
+        names[base] = names.get(base, 0) + 1
+        name = base if names[base] == 1 else f"{base} ({names[base]})"
+        if is_run(path):
+            runs.append(load_run(path, name))
+        elif is_sweep(path):
+            sweeps.append(load_sweep(path, name))
+        else:
+            raise ReportError(f"{path}: neither a run folder (none of {', '.join(RUN_FILES)}) nor a "
+                              f"sweep folder (none of {', '.join(SWEEP_FILES)})")
+    return runs, sweeps
+
+
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def metric_keys(metric_dicts: list[dict[str, Any]]) -> list[str]:
+    """surface/task keys in a stable order, the all/<task> aggregates last (as `opengem evaluate`)."""
+    keys = {k for d in metric_dicts for k in d}
+    return sorted(keys, key=lambda k: (k.startswith("all/"), k))
