@@ -1,0 +1,107 @@
+"""What the machine can do and what a run costs it: matmul peak, peak memory, load average.
+
+MFU is only meaningful against a peak measured in the same process, with the same thread count, at the
+same moment (these machines are shared and noisy), so the benchmark measures its own peak: the median of
+a few large square matmuls, float32 on CPU and bf16 on GPU.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import time
+from pathlib import Path
+
+import torch
+
+CLEAR_REFS = Path("/proc/self/clear_refs")
+STATUS = Path("/proc/self/status")
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def matmul_peak(device: torch.device, n: int | None = None, repeats: int = 7) -> dict[str, float | int | str]:
+    """FLOP/s of n^3 matmuls (2 n^3 FLOPs each): float32 1024^3 on CPU, bf16 4096^3 on GPU.
+
+    ``peak_flops`` is the best of ``repeats`` (on a shared machine other work only ever slows a matmul
+    down, so the fastest is the closest to what the hardware does); the median is reported beside it.
+    """
+    if device.type == "cuda":
+        n, dtype = n or 4096, torch.bfloat16
+    else:
+        n, dtype = n or 1024, torch.float32
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    for _ in range(2):
+        a @ b
+    sync(device)
+    rates = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        a @ b
+        sync(device)
+        rates.append(2.0 * n**3 / (time.perf_counter() - t))
+    rates.sort()
+    return {"peak_flops": rates[-1], "peak_flops_median": rates[len(rates) // 2], "peak_n": n,
+            "peak_dtype": str(dtype).removeprefix("torch."),
+            "peak_threads": torch.get_num_threads() if device.type == "cpu" else 0}
+
+
+def _status_kb(field: str) -> int | None:
+    try:
+        for line in STATUS.read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+class PeakMemory:
+    """Peak memory of the code between ``start()`` and ``stop()``.
+
+    GPU: ``torch.cuda.max_memory_allocated`` after a reset (tensors PyTorch allocated, not the caching
+    allocator's reserve). CPU: peak resident set size (VmHWM) minus the RSS at start, after resetting
+    the kernel's high-water mark through /proc/self/clear_refs, so earlier work in the process (data
+    generation) does not hide in the peak; where that reset is unavailable, ru_maxrss minus the start
+    RSS (an upper bound: it includes anything that peaked earlier). Includes model, optimizer state,
+    activations and the batches held by the benchmark.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.method = ""
+        self._base_kb = 0
+
+    def start(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self._base_kb = torch.cuda.memory_allocated(self.device) // 1024
+            self.method = "torch.cuda.max_memory_allocated - allocated at start"
+            return
+        try:
+            CLEAR_REFS.write_text("5")  # resets VmHWM to the current RSS (Linux >= 4.0)
+            self.method = "peak RSS (VmHWM after clear_refs reset) - RSS at start"
+        except OSError:
+            self.method = "ru_maxrss - RSS at start (upper bound: no clear_refs)"
+        self._base_kb = _status_kb("VmRSS") or 0
+
+    def stop(self) -> dict[str, float | str]:
+        if self.device.type == "cuda":
+            peak_kb = torch.cuda.max_memory_allocated(self.device) // 1024
+        else:
+            peak_kb = _status_kb("VmHWM") if "VmHWM" in self.method else None
+            if peak_kb is None:
+                peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return {"peak_mem_mb": max(0, peak_kb - self._base_kb) / 1024, "peak_mem_abs_mb": peak_kb / 1024,
+                "peak_mem_method": self.method}
+
+
+def load_average() -> list[float]:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return []
