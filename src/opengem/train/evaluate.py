@@ -65,13 +65,21 @@ def evaluate_run(run_dir: str | Path, data_dir: str | Path | None = None, partit
     from opengem.data.oracle import oracle_ne
     from opengem.train import checkpoint as ckpt
     from opengem.train.config import load_run_config
-    from opengem.train.trainer import build_run_model, cpu_threads, make_loader, process_group, resolve_device
+    from opengem.train.trainer import (
+        build_run_model,
+        cpu_threads,
+        make_loader,
+        prepare_compile,
+        process_group,
+        resolve_device,
+    )
 
     run_dir = Path(run_dir)
     cfg_path = run_dir / "config.toml"
     if not cfg_path.exists():
         raise FileNotFoundError(f"{run_dir}: no config.toml (is it a training run folder?)")
     cfg = load_run_config(cfg_path)
+    prepare_compile(cfg)  # a compiled run evaluates with the same persistent compile cache
     data_path = Path(data_dir or cfg.data.path)
     ds = Dataset(data_path)
     spec = partitions or cfg.data.eval
