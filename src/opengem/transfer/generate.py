@@ -1,0 +1,236 @@
+"""``opengem generate``: knowledge generation, the FM forward once per example into a side table.
+
+Output: ``OUT/<partition>.parquet`` per input partition (written to a temp name and renamed, so a part
+that exists is complete and a rerun skips it: resumable), plus ``OUT/manifest.json``. Columns:
+
+- ``example_id``, ``ts``, ``surface``;
+- ``fm_version`` (int32; -1 = no version is old enough for this example), ``fm_trained_through``;
+- ``fm_logit_<task>``: the FM's logit for each task **of the example's own surface** (the head of the
+  surface the example was shown on; soft label = sigmoid), NaN where no version applies;
+- ``fm_user`` / ``fm_ad`` / ``fm_trunk``: the chosen FM embeddings from ``ModelOutput.extras``
+  (list<float32>, zeros where no version applies).
+
+Per example the version is the newest one whose trained-through ts is strictly older than the example,
+stepped back ``--lag`` versions (see ``versions.select_versions``). Batches are streamed per partition;
+a batch whose rows need different versions runs each version only on the whole batch once and keeps its
+rows (the count of such extra forwards is reported).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+import warnings
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+from opengem.data.dataset import Dataset
+from opengem.transfer.versions import FMVersion, list_versions, parse_fm_spec, select_versions
+
+EMBEDDINGS = ("user", "ad", "trunk")
+
+
+def _load_version(v: FMVersion, schema: Any, device: torch.device, pg: Any) -> torch.nn.Module:
+    """Rebuild and load one version. Two layouts: ours (the version folder is a training run with
+    config.toml + checkpoints/) and the online trainer's (the version folder *is* the checkpoint and the
+    run's config.toml sits two levels up, RUN/config.toml)."""
+    from opengem.train import checkpoint as ckpt
+    from opengem.train.config import load_run_config
+    from opengem.train.trainer import build_run_model
+
+    cfg_path = v.path / "config.toml"
+    if not cfg_path.exists():
+        cfg_path = v.path.parent.parent / "config.toml"
+    if not cfg_path.exists():
+        raise FileNotFoundError(f"{v.path}: no config.toml in the version folder or its run folder")
+    cfg = load_run_config(cfg_path)
+    with torch.enable_grad():  # in-backward optimizers are attached through autograd, even for inference
+        model, _ = build_run_model(schema, cfg, device, pg)
+    path = v.path if (v.path / ".metadata").exists() else ckpt.latest_checkpoint(v.path)
+    ckpt.load_model(model, path)
+    model.eval()
+    return model
+
+
+def _extras(out: Any, names: tuple[str, ...]) -> dict[str, torch.Tensor]:
+    ex = dict(out.extras)
+    ex.setdefault("trunk", out.trunk)
+    if "ad" not in ex and "target" in ex:
+        ex["ad"] = ex["target"]
+    missing = [n for n in names if n not in ex]
+    if missing:
+        raise ValueError(f"generate: the FM's ModelOutput.extras lacks {missing} (has {sorted(ex)})")
+    return {n: ex[n] for n in names}
+
+
+def generate(
+    fm: str | Path,
+    data: str | Path,
+    out: str | Path,
+    *,
+    lag: int = 0,
+    partitions: str = "@all",
+    embeddings: tuple[str, ...] = EMBEDDINGS,
+    batch_size: int = 1024,
+    device: str = "cpu",
+    threads: int = 1,
+    max_models: int = 2,
+) -> dict[str, Any]:
+    """Write the side table for ``partitions`` of ``data``; returns (and writes) the manifest."""
+    from opengem.data.loader import ParquetLoader
+    from opengem.train.trainer import cpu_threads, process_group, resolve_device
+
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    run, pinned = parse_fm_spec(str(fm))
+    versions = list_versions(run)
+    if pinned is not None:
+        versions = [v for v in versions if v.version == pinned]
+        if not versions:
+            raise ValueError(f"--fm {fm}: no version {pinned} under {run}/versions")
+    ds = Dataset(data)
+    schema = ds.schema
+    tasks = schema.task_names
+    tt = np.array([v.trained_through_ts for v in versions], dtype=np.int64)
+    vnum = np.array([v.version for v in versions], dtype=np.int64)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    dev = resolve_device(device)
+    cache: OrderedDict[int, torch.nn.Module] = OrderedDict()
+    stats = {"rows": 0, "forward_rows": 0, "skipped_parts": 0, "forward_s": 0.0, "no_version_rows": 0}
+    t0 = time.perf_counter()
+    with process_group(dev) as pg, cpu_threads(threads), torch.no_grad():
+
+        def model_for(i: int) -> torch.nn.Module:
+            if i in cache:
+                cache.move_to_end(i)
+                return cache[i]
+            if len(cache) >= max_models:
+                cache.popitem(last=False)
+            cache[i] = _load_version(versions[i], schema, dev, pg)
+            return cache[i]
+
+        for part in ds.select(partitions):
+            dest = out / f"{part}.parquet"
+            if dest.exists():
+                stats["skipped_parts"] += 1
+                continue
+            tmp = out / f"{part}.parquet.tmp"
+            writer = None
+            loader = ParquetLoader(ds.files(part), schema, batch_size, drop_last=False)
+            for batch in loader:
+                ts = batch.ts.numpy()
+                vidx = select_versions(tt, ts, lag) if pinned is None else np.where(ts > tt[0], 0, -1)
+                B = batch.batch_size
+                logits = np.full((B, len(tasks)), np.nan, dtype=np.float32)
+                embs: dict[str, np.ndarray] = {}
+                batch_dev = batch.to(dev)
+                for i in np.unique(vidx[vidx >= 0]):
+                    rows = vidx == i
+                    t1 = time.perf_counter()
+                    o = model_for(int(i))(batch_dev)
+                    stats["forward_s"] += time.perf_counter() - t1
+                    stats["forward_rows"] += B
+                    logits[rows] = o.logits.float().cpu().numpy()[rows]
+                    for name, e in _extras(o, embeddings).items():
+                        e = e.float().cpu().numpy()
+                        embs.setdefault(name, np.zeros((B, e.shape[1]), dtype=np.float32))[rows] = e[rows]
+                stats["rows"] += B
+                stats["no_version_rows"] += int((vidx < 0).sum())
+                cols: dict[str, pa.Array] = {
+                    "example_id": pa.array(batch.example_id.numpy()),
+                    "ts": pa.array(ts),
+                    "surface": pa.array(batch.surface.numpy().astype(np.int32)),
+                    "fm_version": pa.array(
+                        np.where(vidx >= 0, vnum[np.maximum(vidx, 0)], -1).astype(np.int32)
+                    ),
+                    "fm_trained_through": pa.array(np.where(vidx >= 0, tt[np.maximum(vidx, 0)], -1)),
+                }
+                for t, name in enumerate(tasks):
+                    cols[f"fm_logit_{name}"] = pa.array(logits[:, t])
+                for name in embeddings:
+                    e = embs.get(name)
+                    if e is None:  # no row had a version: width unknown, store empty lists
+                        cols[f"fm_{name}"] = pa.array([[] for _ in range(B)], pa.list_(pa.float32()))
+                    else:
+                        cols[f"fm_{name}"] = pa.ListArray.from_arrays(
+                            pa.array(np.arange(B + 1, dtype=np.int32) * e.shape[1]), pa.array(e.reshape(-1))
+                        )
+                table = pa.table(cols)
+                if writer is None:
+                    writer = pq.ParquetWriter(tmp, table.schema)
+                writer.write_table(table.cast(writer.schema) if table.schema != writer.schema else table)
+            if writer is not None:
+                writer.close()
+                tmp.rename(dest)
+    elapsed = time.perf_counter() - t0
+    manifest = {
+        "fm": str(fm),
+        "data": str(Path(data).resolve()),
+        "lag": lag,
+        "embeddings": list(embeddings),
+        "soft_labels": "per task, from the head of the example's own surface (fm_logit_<task>, logits)",
+        "versions": [
+            {"version": v.version, "trained_through_ts": v.trained_through_ts, "path": str(v.path)}
+            for v in versions
+        ],
+        **stats,
+        "seconds": elapsed,
+        "examples_per_s": stats["rows"] / max(elapsed, 1e-9),
+        "forward_examples_per_s": stats["forward_rows"] / max(stats["forward_s"], 1e-9),
+    }
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    return manifest
+
+
+def read_side_table(out: str | Path, partitions: list[str] | None = None) -> pa.Table:
+    """The side table (all parts, or the named partitions) as one Arrow table."""
+    out = Path(out)
+    files = (
+        sorted(out.glob("*.parquet")) if partitions is None else [out / f"{p}.parquet" for p in partitions]
+    )
+    missing = [str(f) for f in files if not f.exists()]
+    if missing or not files:
+        raise FileNotFoundError(f"side table {out}: missing parts {missing or '(none written)'}")
+    tables = [pq.read_table(f) for f in files]
+    return pa.concat_tables(tables, promote_options="permissive")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--fm", required=True, help="FM run folder with versions/ (RUN), or RUN@version to pin one"
+    )
+    p.add_argument("--data", required=True, help="dataset folder (canonical Parquet + schema.toml)")
+    p.add_argument("--out", required=True, help="side-table folder (resumable: existing parts are skipped)")
+    p.add_argument("--partitions", default="@all", help="partition spec (default @all)")
+    p.add_argument("--lag", type=int, default=0, help="staleness: use the version this many versions older")
+    p.add_argument("--embeddings", default=",".join(EMBEDDINGS), help="extras to store (user,ad,trunk)")
+    p.add_argument("--batch-size", type=int, default=1024)
+    p.add_argument("--device", default="cpu", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--threads", type=int, default=1)
+
+
+def run(args: argparse.Namespace) -> int:
+    m = generate(
+        args.fm,
+        args.data,
+        args.out,
+        lag=args.lag,
+        partitions=args.partitions,
+        embeddings=tuple(e for e in args.embeddings.split(",") if e),
+        batch_size=args.batch_size,
+        device=args.device,
+        threads=args.threads,
+    )
+    print(
+        f"generated {m['rows']:,} rows ({m['skipped_parts']} parts already done) in {m['seconds']:.1f}s: "
+        f"{m['examples_per_s']:,.0f} examples/s end to end, {m['forward_examples_per_s']:,.0f} in the FM "
+        f"forward; {m['no_version_rows']:,} rows had no FM version old enough"
+    )
+    return 0
