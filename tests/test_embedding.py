@@ -154,3 +154,32 @@ def test_bad_input_raises_clear_errors(schema):
     b.dense = b.dense[:, :1]
     with pytest.raises(ValueError, match="dense"):
         m(b)
+
+
+def test_init_scale_sets_table_range_and_auto_target_skips_multi_valued():
+    from opengem.data.sim_config import SimConfig, sim_schema
+
+    schema = sim_schema(SimConfig(users=5000, ads=400, topics=20, seq_max=8, seq_mean=4.0))
+    default = _tables(FeatureEmbedding(schema, EmbeddingConfig(d=16)))
+    scaled = _tables(FeatureEmbedding(schema, EmbeddingConfig(d=16, init_scale=1.0)))
+    r = 1.0 / 16**0.5
+    for name, w in scaled.items():
+        assert w.abs().max() <= r + 1e-6, name
+        assert w.std() > 0.5 * r / 3**0.5, name  # U(-r, r) has std r / sqrt(3), whatever the vocabulary
+    assert default["user_id"].abs().max() <= (1 / 5000) ** 0.5 + 1e-6  # TorchRec's default shrinks with rows
+    # the user's interest categories share the category table with the history but are not the ranked ad
+    assert FeatureEmbedding(schema, EmbeddingConfig(d=16)).target_features == ["ad_id", "ad_category"]
+
+
+def test_dense_norm_standardises_dense_inputs(schema):
+    torch.manual_seed(0)
+    b = random_batch(schema, 64, max_seq_len=7)
+    b.dense = b.dense * 50.0 + 10.0  # arbitrary units
+    m = FeatureEmbedding(schema, EmbeddingConfig(d=16, dense_norm=True)).train()
+    e = m(b)
+    assert torch.allclose(e.dense.mean(0), torch.zeros(e.dense.shape[1]), atol=1e-3)
+    assert torch.allclose(e.dense.std(0, unbiased=False), torch.ones(e.dense.shape[1]), atol=2e-2)
+    m.eval()
+    assert torch.allclose(m(b).dense, e.dense)  # evaluation normalises exactly as training did
+    raw = FeatureEmbedding(schema, EmbeddingConfig(d=16))(b)
+    assert torch.equal(raw.dense, b.dense)

@@ -220,3 +220,23 @@ def test_cli_writes_and_refuses_to_overwrite(tmp_path, capsys):
 def test_bad_config_names_the_key(kw, key):
     with pytest.raises(SimConfigError, match=key):
         next(iter_batches(small(**kw)))
+
+
+def test_click_terms_make_up_the_true_logit_and_id_weight_scales_per_id_terms():
+    """p_click is exactly sigmoid(intercept + hour + click_scale * sum of the named terms)."""
+    from opengem.data.sim_core import World, chunk_plan, generate_chunk
+
+    for idw in (0.5, 0.0):
+        cfg = small(rows=600, id_weight=idw, click_scale=1.3)
+        w = World(cfg)
+        day, r0, r1 = chunk_plan(cfg)[0]
+        ch = generate_chunk(w, day, r0, r1, 0)
+        terms = ch.click_terms
+        assert {"recent", "engaged", "cross2", "cross3", "id_latent"} <= set(terms)
+        s = ch.columns["surface"]
+        hour = ch.columns["hour_of_day"].astype(np.float64) * 24.0
+        logit = w.sp[s, 1] + 0.25 * np.sin(2 * np.pi * hour / 24.0 + w.sp[s, 8]) + 1.3 * sum(terms.values())
+        assert np.allclose(1 / (1 + np.exp(-logit)), ch.p_click, atol=1e-5)
+        per_id = np.abs(terms["id_latent"]) + np.abs(terms["user_bias"]) + np.abs(terms["ad_bias"])
+        assert (per_id.max() == 0) == (idw == 0)
+        assert terms["cross2"].std() > 0.2 and terms["engaged"].max() > 0

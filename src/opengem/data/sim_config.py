@@ -57,6 +57,13 @@ class SimConfig:
     conv_window_hours: float = 12.0  # a conversion label is observable once ts + window <= end
     drift_rad_per_day: float = 0.2  # rotation speed of the latent-interaction weights
     click_scale: float = 1.0  # multiplies every non-intercept click logit term (signal strength)
+    # weight of the per-id terms (latent user x ad interaction, user and ad biases): signal that only a model
+    # seeing each id many times can learn; the attribute crosses and sequence terms are learnable from far
+    # fewer rows (sim_core.click_terms)
+    id_weight: float = 0.5
+    # added to every surface's click intercept: a higher click rate puts more label information in each
+    # row (a recipe with few rows raises it so that models can learn within a CPU budget)
+    click_bias: float = 0.0
     chunk_rows: int = 20_000  # rows per generated chunk = Parquet row group
     compression: str = "zstd"
     start_ts: int = START_TS
@@ -79,6 +86,7 @@ class SimConfig:
         need(self.seq_mean <= self.seq_max, "seq_mean", f"must be <= seq_max ({self.seq_max})")
         need(self.gap_mean_s > 0, "gap_mean_s", "must be > 0")
         need(self.conv_window_hours >= 0, "conv_window_hours", "must be >= 0")
+        need(self.id_weight >= 0, "id_weight", "must be >= 0")
         for k in ("zipf_users", "zipf_ads", "zipf_topics"):
             need(self.__dict__[k] > 0, k, "must be > 0")
 

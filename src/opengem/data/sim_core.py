@@ -10,10 +10,15 @@ The world, in one paragraph: ads belong to topics (topic = ad id mod T, ad = ran
 Zipf rank inside each topic). A user has three home topics (long-term interest) and a short-term intent
 that changes every few hours (a hash of user and intent epoch). History events take their topic from
 the intent of their own epoch or from long-term interest, so the last events reveal the current intent
-and older ones the long-term mix. The click logit adds surface-specific intercepts and effects, a
-visible recent-intent match, long-term affinity, a 2-way latent interaction whose weights rotate day by
-day, a 3-way interaction user x ad x (surface, format, age bucket), categorical crosses and drifting
-topic popularity; conversion (after a click) has its own terms.
+and older ones the long-term mix. The click logit is a sum of named terms (``click_terms``):
+surface-specific intercepts; sequence terms (recent-intent match in the last ``recent_k`` events, past
+engagement with the ad's topic, long-term affinity); a 2-way interaction between a user vector built from
+visible user attributes (age, country, device) and an ad vector built from visible ad attributes (topic,
+format, objective), with weights that rotate day by day per surface, and a 3-way version crossed with
+(surface, format, age) -- high-order *feature crosses* a model can learn from a few hundred thousand rows;
+categorical crosses, drifting topic popularity, ad quality; and per-id terms (latent user x ad
+interaction, user and ad biases) scaled by ``id_weight``, which only a model that sees each id many times
+can learn. Conversion (after a click) has its own terms.
 """
 
 from __future__ import annotations
@@ -37,14 +42,15 @@ DAY = 86400
 
 # Per-surface behaviour for the first four (named) surfaces; later surfaces draw from the same ranges.
 # traffic share, click intercept, recent-intent weight, long-term weight, 2-way, 3-way, quality,
-# conversion intercept, hour-of-day phase.
+# conversion intercept, hour-of-day phase, past-engagement weight.
 _SURFACE_TABLE = np.array([
-    # share  b_clk  beta  gamma alpha tau   qual  b_cvr  phase
-    [0.40, -5.15, 1.6, 0.8, 0.8, 0.7, 1.0, -3.6, 0.0],   # feed
-    [0.25, -5.80, 2.2, 0.5, 0.6, 0.9, 0.6, -3.9, 1.0],   # stories
-    [0.20, -5.15, 2.8, 0.6, 0.7, 0.8, 0.8, -3.8, 2.0],   # video
-    [0.15, -6.20, 0.8, 1.5, 1.0, 0.6, 1.5, -3.2, 3.0],   # messaging
+    # share  b_clk  beta  gamma alpha tau   qual  b_cvr  phase  eng
+    [0.40, -5.45, 1.6, 0.8, 0.8, 0.7, 1.0, -3.6, 0.0, 0.6],   # feed
+    [0.25, -6.10, 2.2, 0.5, 0.6, 0.9, 0.6, -3.9, 1.0, 0.4],   # stories
+    [0.20, -5.45, 2.8, 0.6, 0.7, 0.8, 0.8, -3.8, 2.0, 0.8],   # video
+    [0.15, -6.50, 0.8, 1.5, 1.0, 0.6, 1.5, -3.2, 3.0, 0.5],   # messaging
 ])
+ENGAGE_ACTIONS = (1, 3, 4)  # organic engage, ad click, ad conversion
 
 
 def inverse_table(cdf: np.ndarray) -> np.ndarray:
@@ -54,7 +60,7 @@ def inverse_table(cdf: np.ndarray) -> np.ndarray:
 
 
 def surface_params(n: int) -> np.ndarray:
-    """[n, 9] behaviour table; fixed (not seeded) so a named surface keeps its character across seeds."""
+    """[n, 10] behaviour table; fixed (not seeded) so a named surface keeps its character across seeds."""
     rows = [_SURFACE_TABLE[i] for i in range(min(n, len(_SURFACE_TABLE)))]
     rng = np.random.default_rng(1234)
     lo, hi = _SURFACE_TABLE.min(0), _SURFACE_TABLE.max(0)
@@ -134,6 +140,7 @@ T_USER_LAT, T_AD_LAT, T_USER_LAT2, T_AD_LAT2, T_HOME, T_ACT, T_AGE, T_COUNTRY, T
 T_INTENT, T_INTENT2, T_PERIOD, T_PHASE, T_FAVSURF, T_ADV, T_OBJ, T_FMT, T_QUAL, T_BID = range(9, 19)
 T_UBIAS, T_ABIAS, T_XCROSS, T_CCROSS, T_WA, T_WB, T_TOPIC_PERM, T_TDRIFT, T_INTERESTS, T_FMTB = range(19, 29)
 T_NINT, T_WPHASE = 29, 30
+T_LAGE, T_LCTRY, T_LDEV, T_LTOPIC, T_LFMT, T_LOBJ = range(31, 37)
 
 
 @dataclass
@@ -148,6 +155,7 @@ class Chunk:
     click: np.ndarray
     conversion: np.ndarray
     conv_observed: np.ndarray
+    click_terms: dict[str, np.ndarray] | None = None  # the click logit's named terms (diagnostics)
 
 
 class World:
@@ -180,6 +188,25 @@ class World:
         self.w_phase = 2 * np.pi * self.H.uniform(T_WPHASE, s_idx)
         self.obj_cvr = np.linspace(-1.0, 1.5, cfg.objectives) if cfg.objectives > 1 else np.zeros(1)
         self.obj_bid = np.exp(np.linspace(0.0, 1.2, cfg.objectives))
+
+    # ----------------------------------------------------------------- visible-attribute latents
+    def _attr(self, tag: int, ids: np.ndarray) -> np.ndarray:
+        return self.H.latent(tag, np.asarray(ids, dtype=np.int64), self.cfg.latent_dim)
+
+    def user_attr_vec(self, age: np.ndarray, country: np.ndarray, device: np.ndarray) -> np.ndarray:
+        """[n, K] unit-variance user vector from visible attributes: its products are feature crosses."""
+        v = self._attr(T_LAGE, age) + self._attr(T_LCTRY, country) + self._attr(T_LDEV, device)
+        return v / math.sqrt(3)
+
+    def ad_attr_vec(self, topic: np.ndarray, fmt: np.ndarray, objective: np.ndarray) -> np.ndarray:
+        """[n, K] unit-variance ad vector from visible attributes (topic, format, objective)."""
+        v = self._attr(T_LTOPIC, topic) + self._attr(T_LFMT, fmt) + self._attr(T_LOBJ, objective)
+        return v / math.sqrt(3)
+
+    def rotating_weights(self, s: np.ndarray, tday: np.ndarray) -> np.ndarray:
+        """[n, K] per-surface interaction weights, rotating at drift_rad_per_day (concept drift)."""
+        theta = self.cfg.drift_rad_per_day * tday + self.w_phase[s]
+        return np.cos(theta)[:, None] * self.w_a[s] + np.sin(theta)[:, None] * self.w_b[s]
 
     # ----------------------------------------------------------------- topics
     def topic_drift(self, topic: np.ndarray, tday: np.ndarray | float) -> np.ndarray:
@@ -224,6 +251,45 @@ class World:
         return r * self.cfg.topics + topic
 
 
+def click_terms(world: World, *, s: np.ndarray, tday: np.ndarray, user: np.ndarray, ad: np.ndarray,
+                ad_topic: np.ndarray, fmt: np.ndarray, objective: np.ndarray, age: np.ndarray,
+                country: np.ndarray, device: np.ndarray, quality: np.ndarray, act: np.ndarray,
+                recent_frac: np.ndarray, engaged_n: np.ndarray,
+                affinity: np.ndarray) -> dict[str, np.ndarray]:
+    """The click logit's terms (already weighted; the logit is intercept + hour + click_scale * their sum).
+
+    Named so that diagnostics (benchmarks/sim_learnability.py) can say how much NE each kind of signal is
+    worth: sequence terms (``recent``, ``engaged``, ``affinity``), feature crosses (``cross2``,
+    ``cross3``, ``cat_cross``, ``fmt_bias``), dense (``quality``, ``activity``), drift (``topic_drift``)
+    and per-id terms (``id_latent``, ``user_bias``, ``ad_bias``), which need many rows per id to learn.
+    """
+    cfg, H, sp = world.cfg, world.H, world.sp
+    K = cfg.latent_dim
+    w2 = world.rotating_weights(s, tday)
+    ua = world.user_attr_vec(age, country, device)
+    aa = world.ad_attr_vec(ad_topic, fmt, objective)
+    uva = ua * aa
+    c3 = H.latent(T_XCROSS, (s * cfg.formats + fmt) * cfg.age_buckets + age, K)
+    uvec = H.latent(T_USER_LAT, user, K)
+    avec = H.latent(T_AD_LAT, ad, K)
+    idw = cfg.id_weight
+    return {
+        "recent": sp[s, 2] * recent_frac,
+        "engaged": sp[s, 9] * np.log1p(engaged_n),
+        "affinity": sp[s, 3] * affinity,
+        "cross2": sp[s, 4] * (uva * w2).sum(1) / math.sqrt(K),
+        "cross3": sp[s, 5] * (uva * c3).sum(1) / math.sqrt(K),
+        "cat_cross": 0.3 * H.normal(T_CCROSS, country * cfg.topics + ad_topic),
+        "fmt_bias": 0.4 * H.normal(T_FMTB, s * cfg.formats + fmt),
+        "quality": sp[s, 6] * (quality - 0.5),
+        "activity": 0.2 * np.log(act),
+        "topic_drift": 0.5 * world.topic_drift(ad_topic, tday),
+        "id_latent": idw * sp[s, 4] * (uvec * avec * w2).sum(1) / math.sqrt(K),
+        "user_bias": idw * 0.4 * H.normal(T_UBIAS, user),
+        "ad_bias": idw * 0.3 * H.normal(T_ABIAS, ad),
+    }
+
+
 def day_bounds(cfg: SimConfig) -> np.ndarray:
     """Row index where each day starts (length days + 1); rows are split evenly across days."""
     return np.round(np.arange(cfg.days + 1) * (cfg.rows / cfg.days)).astype(np.int64)
@@ -243,7 +309,7 @@ def generate_chunk(world: World, day: int, r0: int, r1: int, chunk_index: int) -
     cfg, H, sp = world.cfg, world.H, world.sp
     rng = np.random.default_rng([cfg.seed, 7, chunk_index])
     n = r1 - r0
-    T, K = cfg.topics, cfg.latent_dim
+    K = cfg.latent_dim
     b = day_bounds(cfg)
     nd = int(b[day + 1] - b[day])
 
@@ -335,32 +401,27 @@ def generate_chunk(world: World, day: int, r0: int, r1: int, chunk_index: int) -
     recent = (recency < cfg.recent_k) & (ev_topic == np.repeat(ad_topic, L))
     k_eff = np.maximum(np.minimum(L, cfg.recent_k), 1)
     recent_frac = np.bincount(row[recent], minlength=n) / k_eff
+    engaged = (ev_topic == np.repeat(ad_topic, L)) & np.isin(ev_action, ENGAGE_ACTIONS)
+    engaged_n = np.bincount(row[engaged], minlength=n).astype(np.float64)
     affinity = (home == ad_topic[:, None]) @ HOME_W
-    uvec = H.latent(T_USER_LAT, user, K)
-    avec = H.latent(T_AD_LAT, ad, K)
-    theta = cfg.drift_rad_per_day * tday + world.w_phase[surface]
-    w2 = np.cos(theta)[:, None] * world.w_a[surface] + np.sin(theta)[:, None] * world.w_b[surface]
-    uv = uvec * avec
-    two_way = (uv * w2).sum(1) / math.sqrt(K)
-    cross_key = (surface * cfg.formats + fmt) * cfg.age_buckets + age
-    c3 = H.latent(T_XCROSS, cross_key, K)
-    three_way = (uv * c3).sum(1) / math.sqrt(K)
-    cat_cross = H.normal(T_CCROSS, country * T + ad_topic)
-    fmt_bias = H.normal(T_FMTB, surface * cfg.formats + fmt)
-    ubias = H.normal(T_UBIAS, user)
-    abias = H.normal(T_ABIAS, ad)
     s = surface
-    signal = (sp[s, 2] * recent_frac + sp[s, 3] * affinity + sp[s, 4] * two_way + sp[s, 5] * three_way
-              + 0.3 * cat_cross + 0.4 * fmt_bias + sp[s, 6] * (quality - 0.5) + 0.4 * ubias + 0.3 * abias
-              + 0.5 * world.topic_drift(ad_topic, tday) + 0.2 * np.log(act))
+    terms = click_terms(world, s=s, tday=tday, user=user, ad=ad, ad_topic=ad_topic, fmt=fmt,
+                        objective=objective, age=age, country=country, device=device, quality=quality,
+                        act=act, recent_frac=recent_frac, engaged_n=engaged_n, affinity=affinity)
+    signal = sum(terms.values())
     hour_eff = 0.25 * np.sin(2 * np.pi * hour / 24.0 + sp[s, 8])
-    p_click = 1.0 / (1.0 + np.exp(-(sp[s, 1] + hour_eff + cfg.click_scale * signal)))
+    p_click = 1.0 / (1.0 + np.exp(-(sp[s, 1] + cfg.click_bias + hour_eff + cfg.click_scale * signal)))
+    fmt_bias = H.normal(T_FMTB, surface * cfg.formats + fmt)
+    abias = H.normal(T_ABIAS, ad)
 
     # --- conversion given click: objective, own latent interaction, intent, surface
     u2 = H.latent(T_USER_LAT2, user, K)
     a2 = H.latent(T_AD_LAT2, ad, K)
-    cvr_logit = (sp[s, 7] + world.obj_cvr[objective] + 0.8 * (u2 * a2).sum(1) / math.sqrt(K)
-                 + 1.2 * recent_frac + 0.6 * affinity + 0.3 * abias + 0.3 * (age - cfg.age_buckets / 2)
+    ua, aa = world.user_attr_vec(age, country, device), world.ad_attr_vec(ad_topic, fmt, objective)
+    cvr_logit = (sp[s, 7] + world.obj_cvr[objective] + 0.8 * cfg.id_weight * (u2 * a2).sum(1) / math.sqrt(K)
+                 + 0.6 * (ua[:, ::-1] * aa).sum(1) / math.sqrt(K)
+                 + 1.2 * recent_frac + 0.6 * affinity + 0.3 * cfg.id_weight * abias
+                 + 0.3 * (age - cfg.age_buckets / 2)
                  / max(cfg.age_buckets, 1) + 0.3 * fmt_bias)
     p_cvr = 1.0 / (1.0 + np.exp(-cvr_logit))
     p_conv = p_click * p_cvr
@@ -400,4 +461,4 @@ def generate_chunk(world: World, day: int, r0: int, r1: int, chunk_index: int) -
     for f in ("item", "category", "action", "surface", "dt"):
         offs[f"hist__{f}"] = hist_off
     return Chunk(day=day, columns=cols, offsets=offs, p_click=p_click, p_conversion=p_conv, click=click,
-                 conversion=conv, conv_observed=conv_observed)
+                 conversion=conv, conv_observed=conv_observed, click_terms=terms)

@@ -118,7 +118,7 @@ class DLRM(_Baseline):
         vecs = list(emb.tokens.unbind(1)) + _seq_means(emb)
         dense_out: list[torch.Tensor] = []
         if self.bottom is not None:
-            dense_out = [self.bottom(batch.dense)]
+            dense_out = [self.bottom(emb.dense if emb.dense is not None else batch.dense)]
             vecs = dense_out + vecs
         x = torch.stack(vecs, dim=1)  # [B, n, d]
         z = torch.bmm(x, x.transpose(1, 2))

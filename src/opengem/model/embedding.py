@@ -45,11 +45,19 @@ class EmbeddingConfig:
     dense_hidden: int = 0  # hidden width of the dense MLP (0 = d)
     group_small: bool = True  # Wukong-style: features with dim < d are concatenated in groups, projected to d
     surface_token: bool = True  # the surface is a token
-    # sparse features that are "the ad being ranked"; empty = auto: sparse features whose table is shared
-    # with a sequence id field
+    # sparse features that are "the ad being ranked"; empty = auto: single-valued sparse features whose
+    # table is shared with a sequence id field
     target_features: list[str] = field(default_factory=list)
     # pad sequences to the schema's max_len instead of the batch's longest row (static shapes for compile)
     pad_to_max_len: bool = False
+    # table init: rows ~ U(-s, s) with s = init_scale / sqrt(dim) when > 0; 0 = TorchRec's default
+    # U(+-sqrt(1 / rows)), which makes rows of a 1M-row table ~1000x smaller than those of a 10-row one, so
+    # big-vocabulary tokens (user, ad) start near zero beside small-vocabulary and dense tokens
+    init_scale: float = 0.0
+    # standardise dense features and sequence dense fields with running statistics (RunningNorm) before
+    # they meet learned weights: raw dense inputs come in arbitrary units (a log-seconds gap ~10 made up
+    # almost all of a per-event token at init, drowning the item and category embeddings)
+    dense_norm: bool = False
 
 
 @dataclass
@@ -65,6 +73,7 @@ class EmbeddedFeatures:
     target: torch.Tensor  # [B, d] the ranked ad's token (mean of target tokens; mean of all tokens if none)
     sequences: dict[str, SequenceTokens]  # per sequence group
     pooled: dict[str, torch.Tensor]  # per sparse feature its raw pooled embedding [B, dim_f]
+    dense: torch.Tensor | None = None  # [B, Dd] the dense features as the model sees them (normalised or raw)
 
 
 @dataclass(frozen=True)
@@ -84,6 +93,15 @@ class FeatureEmbedding(nn.Module):
         self.cfg = cfg
         self.d = d = cfg.d
         tables = schema.tables()
+        if cfg.init_scale < 0:
+            raise ValueError(f"embedding.init_scale must be >= 0, got {cfg.init_scale}")
+
+        def init_range(dim: int) -> dict[str, float]:
+            # weight_init_min/max (not init_fn): sharded TorchRec kernels initialise from these
+            if not cfg.init_scale:
+                return {}
+            r = cfg.init_scale / dim**0.5
+            return {"weight_init_min": -r, "weight_init_max": r}
 
         seq_tables = {f.table_name for g in schema.sequences for f in g.id_fields}
         unknown = [n for n in cfg.target_features if n not in schema.sparse_names]
@@ -92,8 +110,11 @@ class FeatureEmbedding(nn.Module):
                 f"embedding.target_features: {unknown} are not sparse features of schema "
                 f"{schema.name!r} (known: {schema.sparse_names})"
             )
+        # auto: single-valued features on a table a sequence also uses (the ranked ad's id, category, ...).
+        # A multi-valued feature on such a table (e.g. the user's interest categories) describes the user,
+        # not the ad: counting it would blur the target-attention query with a user signal.
         self.target_features: list[str] = list(cfg.target_features) or [
-            f.name for f in schema.sparse if f.table_name in seq_tables
+            f.name for f in schema.sparse if f.table_name in seq_tables and not f.multi_valued
         ]
 
         # --- TorchRec modules: EBC for tables no sequence uses, ECs (one per dim) for the rest
@@ -117,6 +138,7 @@ class FeatureEmbedding(nn.Module):
                         embedding_dim=tables[t][1],
                         feature_names=names,
                         pooling=PoolingType.SUM,
+                        **init_range(tables[t][1]),
                     )
                     for t, names in ebc_feats.items()
                 ]
@@ -125,7 +147,8 @@ class FeatureEmbedding(nn.Module):
         for t, names in ec_feats.items():
             vocab, dim = tables[t]
             by_dim.setdefault(dim, []).append(
-                TrecEmbeddingConfig(name=t, num_embeddings=vocab, embedding_dim=dim, feature_names=names)
+                TrecEmbeddingConfig(name=t, num_embeddings=vocab, embedding_dim=dim, feature_names=names,
+                                    **init_range(dim))
             )
         self.ecs = nn.ModuleDict(
             {f"d{dim}": EmbeddingCollection(tables=cfgs) for dim, cfgs in by_dim.items()}
@@ -167,6 +190,11 @@ class FeatureEmbedding(nn.Module):
                 nn.Linear(n_dense, hidden), nn.ReLU(), nn.Linear(hidden, cfg.dense_tokens * d)
             )
         self.num_dense_tokens = cfg.dense_tokens if self.dense_mlp is not None else 0
+        self.dense_bn = RunningNorm(n_dense) if cfg.dense_norm and n_dense else None
+        self.seq_dense_bn = nn.ModuleDict({
+            g.name: RunningNorm(len(g.dense_fields))
+            for g in schema.sequences if cfg.dense_norm and g.dense_fields
+        })
 
         self.surface_emb = nn.Embedding(len(schema.surfaces), d) if cfg.surface_token else None
         self.num_sparse_tokens = len(specs)
@@ -221,13 +249,16 @@ class FeatureEmbedding(nn.Module):
             target = torch.stack([toks[i] for i in self._target_token_idx], dim=1).mean(dim=1)
         else:
             target = None
+        dense_in = batch.dense
+        if self.dense_bn is not None and dense_in.dim() == 2 and dense_in.shape[1] == len(self.schema.dense):
+            dense_in = self.dense_bn(dense_in)
         if self.dense_mlp is not None:
             if batch.dense.dim() != 2 or batch.dense.shape[1] != len(self.schema.dense):
                 raise ValueError(
                     f"batch.dense has shape {tuple(batch.dense.shape)}; schema {self.schema.name!r} "
                     f"declares {len(self.schema.dense)} dense features {self.schema.dense_names}"
                 )
-            dense = self.dense_mlp(batch.dense).view(B, self.num_dense_tokens, self.d)
+            dense = self.dense_mlp(dense_in).view(B, self.num_dense_tokens, self.d)
             toks = toks + list(dense.unbind(1))
         if self.surface_emb is not None:
             toks = toks + [self.surface_emb(batch.surface)]
@@ -236,7 +267,8 @@ class FeatureEmbedding(nn.Module):
             target = tokens.mean(dim=1)
 
         sequences = {g.name: self._sequence_tokens(batch, g.name, seq_lookups) for g in self.schema.sequences}
-        return EmbeddedFeatures(tokens=tokens, target=target, sequences=sequences, pooled=pooled)
+        return EmbeddedFeatures(tokens=tokens, target=target, sequences=sequences, pooled=pooled,
+                                dense=dense_in)
 
     def _ec_input(self, batch: Batch, sparse: dict[str, JaggedTensor], names: list[str]) -> KeyedJaggedTensor:
         values, lengths = [], []
@@ -273,6 +305,9 @@ class FeatureEmbedding(nn.Module):
                     f"sequence {group!r}: field {f.name!r} has {p.shape[0]} values, "
                     f"{g.id_fields[0].name!r} has {n}"
                 )
+        if group in self.seq_dense_bn:  # the dense fields are the last k parts
+            k = len(g.dense_fields)
+            parts = parts[:-k] + [self.seq_dense_bn[group](torch.cat(parts[-k:], dim=1))]
         flat = self.seq_proj[group](torch.cat(parts, dim=1))
         L = g.max_len if self.cfg.pad_to_max_len else max(int(lengths.max()) if lengths.numel() else 0, 1)
         offsets = torch.ops.fbgemm.asynchronous_complete_cumsum(lengths)
@@ -294,6 +329,35 @@ class FeatureEmbedding(nn.Module):
         for g in self.schema.sequences:
             total += linear_flops(self._seq_in_dim[g.name], self.d, rows=self.seq_len(g.name, seq_len))
         return total
+
+
+class RunningNorm(nn.Module):
+    """(x - mean) / std with running statistics, used the same way in training and evaluation.
+
+    Not BatchNorm: canonical data is time-ordered and a batch is a contiguous slice of one row group, so
+    batch statistics are not the population's (hour of day is nearly constant within a batch; its batch
+    variance is ~1000x too small). BatchNorm then trains on one scale and evaluates on another. Here the
+    statistics are a running average over batches (exact mean of the first 1/momentum batches, then an
+    exponential average) and every forward normalises with them, so train and eval agree. Buffers are
+    updated in place without Python branching on tensors (FX-traceable).
+    """
+
+    def __init__(self, n: int, momentum: float = 0.01, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.momentum, self.eps = momentum, eps
+        self.register_buffer("mean", torch.zeros(n))
+        self.register_buffer("var", torch.ones(n))
+        self.register_buffer("count", torch.zeros(()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training and x.shape[0] > 0:
+            with torch.no_grad():
+                xf = x.detach().float()
+                w = torch.clamp(1.0 / (self.count + 1.0), min=self.momentum)
+                self.mean.add_(w * (xf.mean(0) - self.mean))
+                self.var.add_(w * ((xf - self.mean).pow(2).mean(0) - self.var))
+                self.count.add_(1.0)
+        return (x - self.mean) / torch.sqrt(self.var + self.eps)
 
 
 def _select(kjt: KeyedJaggedTensor, names: list[str]) -> KeyedJaggedTensor:
