@@ -275,20 +275,7 @@ class SeedRun:
         arm_cfgs: dict[str, ArmConfig] | None,
         kd_results: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
-        """Predictions of every arm (and the FM) on the eval windows, per VM surface, at one lag.
-
-        Never cached across runs: a cache keyed on arm names would silently reuse results after a
-        config change, and these numbers are what the experiment reports.
-        """
-        return self._run_lag(lag, arms, arm_cfgs, kd_results)
-
-    def _run_lag(
-        self,
-        lag: int,
-        arms: list[str],
-        arm_cfgs: dict[str, ArmConfig] | None,
-        kd_results: dict[str, Any] | None = None,
-    ) -> dict[str, Any]:
+        """Predictions of every arm (and the FM) on the eval windows, per VM surface, at one lag."""
         from opengem.transfer.knowledge import KnowledgeTable
         from opengem.transfer.representation import embedding_lookup
         from opengem.transfer.vertical import build_vm_dataset, derive_vm_schema
