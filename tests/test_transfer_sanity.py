@@ -67,6 +67,11 @@ def test_all_arms_run_and_write_results(tiny):
         flops["fm_embeddings"]["serving_flops_per_example"] > flops["baseline"]["serving_flops_per_example"]
     )
     assert flops["param_sharing"]["shared_fm_params"] > 0
+    # the shared FM sequence encoder is served: param_sharing costs more than fm_embeddings alone
+    assert (
+        flops["param_sharing"]["serving_flops_per_example"]
+        > flops["fm_embeddings"]["serving_flops_per_example"]
+    )
     assert res["generation"]["examples_per_s"] > 0
 
 

@@ -13,7 +13,8 @@ evaluated on every later window before training on it:
 - aux_head: tuned KD through the auxiliary head (serving head labels only) with gradient/label scaling;
 - student_adapter: + distil from the Student Adapter refit on each window's labels;
 - fm_embeddings: + FM user/ad embeddings (per-version standardised) as VM features;
-- param_sharing: + FM embedding-layer components shared into the VM (``share`` mode);
+- param_sharing: + FM embedding-layer components shared into the VM (``share`` mode), and the FM's
+  sequence encoder path (``sharing.sequence_encoder``, frozen or low-lr; its serving FLOPs are counted);
 - hierarchical: FM -> domain FM (the VM surface's group, aux-head KD + adapter from the FM) -> VM
   (aux-head KD from the domain FM's fresh predictions).
 
@@ -77,6 +78,8 @@ class AuxConfig:
 class SharingConfig:
     mode: str = "lowlr"  # init | lowlr | frozen
     lr_scale: float = 0.1
+    sequence_encoder: bool = True  # also share the FM's sequence encoder (its serving FLOPs are counted)
+    encoder_mode: str = "frozen"  # frozen | lowlr (at lr_scale)
 
 
 @dataclass
@@ -193,7 +196,14 @@ def arm_configs(cfg: ExperimentConfig, kd_best: list[float]) -> dict[str, ArmCon
     )
     sa = clone_arm(aux, name="student_adapter", adapter=True)
     emb = clone_arm(sa, name="fm_embeddings", fm_embeddings=True)
-    share = clone_arm(emb, name="param_sharing", share=cfg.sharing.mode, share_lr_scale=cfg.sharing.lr_scale)
+    share = clone_arm(
+        emb,
+        name="param_sharing",
+        share=cfg.sharing.mode,
+        share_lr_scale=cfg.sharing.lr_scale,
+        share_sequence_encoder=cfg.sharing.sequence_encoder,
+        share_encoder_mode=cfg.sharing.encoder_mode,
+    )
     hier = clone_arm(aux, name="hierarchical", teacher="domain")
     return {
         "baseline": ArmConfig(),

@@ -185,9 +185,28 @@ class VerticalModel(nn.Module):
         T = len(schema.tasks)
         self.aux_grad_scale = aux_grad_scale
         self.aux_head = nn.Linear(H, T) if aux_head else None
+        self.shared_history: nn.Module | None = None
+
+    def attach_shared_history(self, fm: nn.Module) -> list[str]:
+        """Add the FM's sequence encoder path (see ``shared_encoder``); returns the FM-copied param names."""
+        from opengem.transfer.shared_encoder import SharedHistoryEncoder
+
+        if not hasattr(self.base, "interact"):
+            raise ValueError(f"share_sequence_encoder: VM model {type(self.base).__name__} has no interact()")
+        self.shared_history = SharedHistoryEncoder(fm, self.schema, self.base.head.in_dim)
+        return [f"shared_history.{n}" for n in self.shared_history.shared_names()]
+
+    def _base_forward(self, batch: Batch) -> ModelOutput:
+        if self.shared_history is None:
+            return self.base(batch)
+        # _Baseline.forward with the shared FM history vector added to the interaction output
+        emb = self.base.embedding(batch)
+        h = self.base.interact(batch, emb) + self.shared_history(batch)
+        logits, trunk = self.base.head(h, batch.surface)
+        return ModelOutput(logits=logits, trunk=trunk, extras={"target": emb.target})
 
     def forward(self, batch: Batch) -> ModelOutput:
-        out = self.base(batch)
+        out = self._base_forward(batch)
         if self.aux_head is not None:
             out.extras["aux_logits"] = self.aux_head(grad_scale(out.trunk, self.aux_grad_scale))
         return out
@@ -198,8 +217,9 @@ class VerticalModel(nn.Module):
         return [p for n, p in h.named_parameters() if not n.startswith("trunk.")]
 
     def flops_per_example(self, seq_len: int | None = None) -> int:
-        """Serving FLOPs: the base model only (the aux head is not served)."""
-        return int(self.base.flops_per_example(seq_len))
+        """Serving FLOPs: the base model + the shared FM history path (the aux head is not served)."""
+        extra = self.shared_history.flops(seq_len) if self.shared_history is not None else 0
+        return int(self.base.flops_per_example(seq_len)) + int(extra)
 
 
 def check_budget(model: VerticalModel, budget: int, what: str = "vm") -> int:

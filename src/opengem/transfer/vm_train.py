@@ -58,6 +58,8 @@ class ArmConfig:
     fm_embeddings: bool = False  # FM embeddings as VM input features (schema with fm_* dense features)
     share: str = "none"  # none | init | lowlr | frozen: FM embedding-layer components in the VM
     share_lr_scale: float = 0.1  # lr multiplier of shared components for "lowlr"
+    share_sequence_encoder: bool = False  # also run the FM's sequence encoder (copied) inside the VM
+    share_encoder_mode: str = "frozen"  # frozen | lowlr (share_lr_scale): the copied FM history path
     teacher: str = "fm"  # fm | domain (hierarchical)
 
     @property
@@ -130,12 +132,27 @@ class ProgressiveStudent:
             from opengem.transfer.sharing import share_fm_parameters
 
             self.shared = share_fm_parameters(plain, fm_model)
-        shared_ids = {id(p) for n, p in plain.named_parameters() if n in self.shared}
+        enc_ids: set[int] = set()
+        if arm.share_sequence_encoder:
+            if fm_model is None:
+                raise ValueError(f"arm {arm.name!r}: share_sequence_encoder needs an FM model")
+            if arm.share_encoder_mode not in ("frozen", "lowlr"):
+                raise ValueError(
+                    f"arm {arm.name!r}: share_encoder_mode = {arm.share_encoder_mode!r} is not frozen | lowlr"
+                )
+            names = set(plain.attach_shared_history(fm_model))
+            self.serving_flops = plain.flops_per_example()
+            for n, p in plain.named_parameters():
+                if n in names:
+                    self.shared[n] = p.numel()
+                    enc_ids.add(id(p))
+                    p.requires_grad_(arm.share_encoder_mode != "frozen")
+        shared_ids = {id(p) for n, p in plain.named_parameters() if n in self.shared and id(p) not in enc_ids}
         lr_scale = {"none": 1.0, "init": 1.0, "lowlr": arm.share_lr_scale, "frozen": 0.0}[arm.share]
         self._apply_sparse(plain, shared_ids, lr_scale)
         self.model = shard_model(plain, device, pg)
         dense = dense_parameters(self.model)
-        own = {n: p for n, p in dense.items() if id(p) not in shared_ids}
+        own = {n: p for n, p in dense.items() if id(p) not in shared_ids and id(p) not in enc_ids}
         self.opt = build_dense_optimizer(own, train_cfg)
         shared_dense = [p for p in dense.values() if id(p) in shared_ids]
         if shared_dense:
@@ -146,6 +163,11 @@ class ProgressiveStudent:
                 self.opt.add_param_group(
                     {"params": shared_dense, "lr": train_cfg.lr * lr_scale, "weight_decay": 0.0}
                 )
+        enc_dense = [p for p in dense.values() if id(p) in enc_ids]
+        if enc_dense:  # lowlr (frozen ones have requires_grad False, so dense_parameters skips them)
+            self.opt.add_param_group(
+                {"params": enc_dense, "lr": train_cfg.lr * arm.share_lr_scale, "weight_decay": 0.0}
+            )
         self.sched = build_scheduler(self.opt, train_cfg)
         self.dense_list = [p for p in dense.values() if p.requires_grad]
         self.weights = torch.tensor([t.weight for t in schema.tasks], dtype=torch.float32, device=device)
