@@ -2,10 +2,6 @@
 
 Every model built here has ``forward(batch) -> ModelOutput`` and ``flops_per_example(seq_len)``, so the
 trainer, evaluator, benchmarks and transfer code never branch on the model kind.
-
-GEM lives in ``opengem.model.gem``; it is imported lazily in ``build_model`` so the baselines build
-without it. ``GEMConfig`` is imported at module level when available because ``ModelConfig`` needs the
-type for strict TOML loading; without gem.py a field-less placeholder stands in.
 """
 
 from __future__ import annotations
@@ -18,18 +14,8 @@ from torch import nn
 from opengem.data.schema import FeatureSchema
 from opengem.model.baselines import DIN, DLRM, DCNv2, DCNv2Config, DINConfig, DLRMConfig
 from opengem.model.embedding import EmbeddingConfig
+from opengem.model.gem import GEM, GEMConfig
 from opengem.model.heads import HeadConfig
-
-try:
-    from opengem.model.gem import GEMConfig
-except ModuleNotFoundError as e:  # only a missing gem.py is tolerated; a broken one must fail loudly
-    if e.name != "opengem.model.gem":
-        raise
-
-    @dataclass
-    class GEMConfig:  # type: ignore[no-redef]
-        """Placeholder used while opengem.model.gem is absent; build_model('gem') then fails clearly."""
-
 
 MODEL_NAMES = ("gem", "wukong", "dlrm", "dcnv2", "din")
 
@@ -53,14 +39,6 @@ def build_model(schema: FeatureSchema, cfg: ModelConfig) -> nn.Module:
     if cfg.name == "din":
         return DIN(schema, cfg.embedding, cfg.head, cfg.din)
     if cfg.name in ("gem", "wukong"):
-        try:
-            from opengem.model.gem import GEM
-        except ModuleNotFoundError as e:
-            if e.name != "opengem.model.gem":
-                raise
-            raise ValueError(
-                f"model.name = {cfg.name!r} needs opengem.model.gem, which is not installed"
-            ) from None
         gem_cfg = cfg.gem
         if cfg.name == "wukong":
             # Wukong = GEM ignoring sequence groups, without cross-layer attention
