@@ -33,3 +33,11 @@ def test_unknown_and_mistyped_keys_fail_with_path(tmp_path):
         load_config(Outer, None, ["inner.widht=3"])
     with pytest.raises(ConfigError, match=r"inner.width: expected an integer"):
         load_config(Outer, None, ["inner.width=2.5"])
+
+
+def test_flatten_dict_joins_nested_keys_with_the_separator():
+    from opengem.config import flatten_dict
+
+    d = {"a": {"b": 1, "c": {"d": [2]}}, "e": 3}
+    assert flatten_dict(d) == {"a.b": 1, "a.c.d": [2], "e": 3}
+    assert flatten_dict(d, "/") == {"a/b": 1, "a/c/d": [2], "e": 3}

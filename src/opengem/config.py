@@ -134,6 +134,18 @@ def save_config(cfg: Any, path: str | Path) -> None:
     Path(path).write_text(dumps_toml(_drop_none(to_dict(cfg))))
 
 
+def flatten_dict(d: dict[str, Any], sep: str = ".", prefix: str = "") -> dict[str, Any]:
+    """Nested dicts as one level with joined keys (``a.b.c``), for overrides, tables and log tags."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten_dict(v, sep, key + sep))
+        else:
+            out[key] = v
+    return out
+
+
 def _drop_none(d: Any) -> Any:
     if isinstance(d, dict):
         return {k: _drop_none(v) for k, v in d.items() if v is not None}

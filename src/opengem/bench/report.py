@@ -20,10 +20,10 @@ from opengem.bench.report_data import (
     ReportError,
     RunData,
     SweepData,
-    flatten,
     load_inputs,
     metric_keys,
 )
+from opengem.config import flatten_dict
 
 SECTIONS = ("overview", "curves", "metrics", "calibration", "throughput", "config", "scaling")
 MEMORY_HINTS = ("mem", "rss")
@@ -160,7 +160,7 @@ def _calibration(runs: list[RunData]) -> str:
 
 
 def _memory_items(d: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in flatten(d).items() if any(h in k.lower() for h in MEMORY_HINTS)
+    return {k: v for k, v in flatten_dict(d).items() if any(h in k.lower() for h in MEMORY_HINTS)
             and isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
@@ -209,7 +209,7 @@ def _throughput(runs: list[RunData]) -> str:
     if not any(r.summary for r in runs):
         out.append(H.note("no train_summary.json: throughput unknown"))
     # what the trainer reports beside throughput: start-up, compile, parallelism, memory savers
-    extra = {r.name: {k: v for k, v in flatten({g: (r.summary or {}).get(g) for g in SUMMARY_GROUPS
+    extra = {r.name: {k: v for k, v in flatten_dict({g: (r.summary or {}).get(g) for g in SUMMARY_GROUPS
                                                 if isinstance((r.summary or {}).get(g), dict)}).items()
                       if not isinstance(v, (list, dict))} for r in runs}
     keys = list(dict.fromkeys(k for e in extra.values() for k in e))
@@ -223,7 +223,7 @@ def _throughput(runs: list[RunData]) -> str:
 def _config(runs: list[RunData]) -> str:
     out = []
     if len(runs) > 1:
-        flat = {r.name: flatten(r.config) for r in runs}
+        flat = {r.name: flatten_dict(r.config) for r in runs}
         keys = sorted({k for f in flat.values() for k in f})
         diff = [[k, *(json.dumps(flat[n].get(k)) if k in flat[n] else "(absent)" for n in flat)]
                 for k in keys if len({json.dumps(f.get(k)) for f in flat.values()}) > 1]
@@ -258,7 +258,7 @@ def _scaling(sweeps: list[SweepData]) -> str:
         if sw.fits is not None:
             out.append("<h3>fits.json</h3>")
             if isinstance(sw.fits, dict) and sw.fits:
-                flat = {k: v for k, v in flatten(sw.fits).items() if not isinstance(v, (list, dict))}
+                flat = {k: v for k, v in flatten_dict(sw.fits).items() if not isinstance(v, (list, dict))}
                 out.append(H.table(["fit", "value"], [[k, _num(v)] for k, v in flat.items()]))
             out.append(f"<details><summary>fits.json (all of it)</summary>"
                        f"{H.pre(json.dumps(sw.fits, indent=2))}</details>")

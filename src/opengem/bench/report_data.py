@@ -206,15 +206,6 @@ def load_inputs(paths: list[str | Path]) -> tuple[list[RunData], list[SweepData]
     return runs, sweeps
 
 
-def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(flatten(v, key + "."))
-        else:
-            out[key] = v
-    return out
 
 
 def metric_keys(metric_dicts: list[dict[str, Any]]) -> list[str]:

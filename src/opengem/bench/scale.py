@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from opengem.bench.fit import PowerLaw, efficiency_ratios, fit_power_law, spearman
-from opengem.config import ConfigError, load_config, save_config, to_dict
+from opengem.config import ConfigError, flatten_dict, load_config, save_config, to_dict
 
 FIT_FORMS = ("free", "floor")
 
@@ -97,15 +97,6 @@ def validate_sweep(cfg: SweepConfig, where: str = "sweep") -> None:
         raise ConfigError(f"{where}: proxy.d_divisor and proxy.d_multiple must be >= 1")
 
 
-def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """TOML `model.embedding.d = 8` parses nested, `"model.embedding.d" = 8` flat: both become dotted keys."""
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
 
 
 def _literal(v: Any) -> str:
@@ -121,8 +112,8 @@ def _literal(v: Any) -> str:
 
 def size_overrides(fam: FamilySweep) -> list[list[str]]:
     """One override list per size: the explicit sizes, then the grid's cartesian product."""
-    sizes = [[f"{k}={_literal(v)}" for k, v in _flatten(s).items()] for s in fam.sizes]
-    grid = _flatten(fam.grid)
+    sizes = [[f"{k}={_literal(v)}" for k, v in flatten_dict(s).items()] for s in fam.sizes]
+    grid = flatten_dict(fam.grid)
     if grid:
         keys = list(grid)
         values = [v if isinstance(v, list) else [v] for v in grid.values()]

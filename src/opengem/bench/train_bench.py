@@ -2,9 +2,8 @@
 
 The step measured is the trainer's own: the model built by ``build_run_model`` (DMP-wrapped, fused
 row-wise Adagrad on the tables, AdamW on dense parameters, gradient clipping, LR schedule) on real
-batches from the run's dataset. The trainer keeps its step inline in ``train()``, so ``train_step`` below
-repeats those lines (forward, masked BCE, zero_grad, backward, clip, optimizer and scheduler step);
-a ``train_step`` hook in opengem.train would let both share one definition.
+batches from the run's dataset, taken through the same ``opengem.train.step`` functions the trainer uses
+(so ``train.precision`` and ``train.fp8_saved_activations`` apply here exactly as in training).
 
 Conventions (reported in the output under ``conventions``):
 - throughput excludes data loading: a pool of real batches is read first and cycled, so examples/s is
@@ -30,9 +29,9 @@ from torch import nn
 
 from opengem.bench.machine import PeakMemory, load_average, matmul_peak, sync
 from opengem.model.flops import measured_flops, model_flops
-from opengem.model.heads import masked_bce
-from opengem.train.config import RunConfig
-from opengem.train.optim import build_dense_optimizer, build_scheduler, clip_dense_gradients, dense_parameters
+from opengem.train.config import RunConfig, TrainConfig
+from opengem.train.optim import build_dense_optimizer, build_scheduler, dense_parameters
+from opengem.train.step import forward_loss, optimizer_step
 
 CONVENTIONS = {
     "flops_per_example": "3 x analytic forward FLOPs at full sequence length (fwd + bwd), lookups = 0",
@@ -47,16 +46,11 @@ CONVENTIONS = {
 
 
 def train_step(model: nn.Module, batch: Any, opt: torch.optim.Optimizer, sched: Any,
-               dense: list[nn.Parameter], weights: torch.Tensor, grad_clip: float) -> torch.Tensor:
-    """One step exactly as opengem.train.trainer.train takes it."""
-    model.train()
-    out = model(batch)
-    loss = masked_bce(out.logits, batch.labels, batch.label_mask, weights)
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    clip_dense_gradients(dense, grad_clip)
-    opt.step()
-    sched.step()
+               dense: list[nn.Parameter], weights: torch.Tensor, t: TrainConfig,
+               device: torch.device) -> torch.Tensor:
+    """One single-process training step, the trainer's own."""
+    loss = forward_loss(model, batch, weights, t, device)
+    optimizer_step(loss, opt, sched, dense, t.grad_clip)
     return loss.detach()
 
 
@@ -100,7 +94,7 @@ def bench_train(cfg: RunConfig, run_dir: str | Path, data_dir: str | Path | None
         except StopIteration:
             raise ValueError(f"{data_path}: partitions {cfg.data.train!r} gave no full batch of "
                              f"{cfg.data.batch_size} rows (lower data.batch_size)") from None
-        loss0 = train_step(model, first, opt, sched, dense_list, weights, t.grad_clip)
+        loss0 = train_step(model, first, opt, sched, dense_list, weights, t, device)
         sync(device)
         ttfs = time.perf_counter() - t0
 
@@ -114,14 +108,14 @@ def bench_train(cfg: RunConfig, run_dir: str | Path, data_dir: str | Path | None
         loader_rate = (len(batches) - 1) * cfg.data.batch_size / load_s if len(batches) > 1 else None
 
         for i in range(warmup):
-            train_step(model, batches[i % len(batches)], opt, sched, dense_list, weights, t.grad_clip)
+            train_step(model, batches[i % len(batches)], opt, sched, dense_list, weights, t, device)
         sync(device)
         rates, k = [], warmup
         for _ in range(windows):
             tw = time.perf_counter()
             for _ in range(steps):
                 b = batches[k % len(batches)]
-                loss = train_step(model, b, opt, sched, dense_list, weights, t.grad_clip)
+                loss = train_step(model, b, opt, sched, dense_list, weights, t, device)
                 k += 1
             sync(device)
             rates.append(steps * cfg.data.batch_size / (time.perf_counter() - tw))

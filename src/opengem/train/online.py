@@ -29,10 +29,8 @@ import pyarrow.parquet as pq
 import torch
 
 from opengem.data.dataset import Dataset
-from opengem.model.heads import masked_bce
 from opengem.train import checkpoint as ckpt
 from opengem.train.config import RunConfig
-from opengem.train.memory import autocast, maybe_fp8_saved_activations
 
 VERSIONS = "versions"
 MANIFEST = "manifest.json"
@@ -122,10 +120,10 @@ def train_online(cfg: RunConfig, run_dir: str | Path, data_dir: str | Path | Non
     from opengem.train.optim import (
         build_dense_optimizer,
         build_scheduler,
-        clip_dense_gradients,
         dense_parameters,
     )
     from opengem.train.startup import StartupTimer
+    from opengem.train.step import forward_loss, optimizer_step
     from opengem.train.trainer import (
         RunLog,
         TrainError,
@@ -204,17 +202,10 @@ def train_online(cfg: RunConfig, run_dir: str | Path, data_dir: str | Path | Non
                 loss_sum, n_steps, rows, max_ts, t0 = 0.0, 0, 0, None, time.perf_counter()
                 for batch in loader:
                     batch = batch.to(device)
-                    with autocast(t.precision, device), maybe_fp8_saved_activations(
-                            t.fp8_saved_activations, t.fp8_min_numel):
-                        out = model(batch)
-                    loss = masked_bce(out.logits.float(), batch.labels, batch.label_mask, weights)
+                    loss = forward_loss(model, batch, weights, t, device)
                     if not torch.isfinite(loss):
                         raise TrainError(f"window {part}, step {step}: loss is {loss.item()}")
-                    opt.zero_grad(set_to_none=True)
-                    loss.backward()
-                    clip_dense_gradients(dense_list, t.grad_clip)
-                    opt.step()
-                    sched.step()
+                    optimizer_step(loss, opt, sched, dense_list, t.grad_clip)
                     step += 1
                     n_steps += 1
                     rows += batch.batch_size

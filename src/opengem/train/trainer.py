@@ -26,25 +26,23 @@ import torch.distributed as dist
 from torch import nn
 from torchrec.distributed import DistributedModelParallel
 
-from opengem.config import save_config
+from opengem.config import flatten_dict, save_config
 from opengem.data.dataset import Dataset
 from opengem.data.schema import FeatureSchema
-from opengem.model.heads import masked_bce
 from opengem.model.registry import build_model
 from opengem.train import checkpoint as ckpt
 from opengem.train import distributed
 from opengem.train.compile import compile_counters
 from opengem.train.config import DataConfig, RunConfig, TrainConfig
-from opengem.train.memory import autocast, maybe_fp8_saved_activations
 from opengem.train.optim import (
     apply_sparse_optimizer,
     build_dense_optimizer,
     build_scheduler,
-    clip_dense_gradients,
     dense_parameters,
 )
 from opengem.train.parallelize import full_state, init_from_full, parallelize, shard_tables, table_names
 from opengem.train.startup import StartupTimer
+from opengem.train.step import forward_loss, optimizer_step
 
 SIM_MARKER = ".opengem_sim_config.json"
 
@@ -179,7 +177,7 @@ class RunLog:
             return
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
-        for k, v in _flatten(record).items():
+        for k, v in flatten_dict(record, "/").items():
             if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step" and math.isfinite(v):
                 self._tb.add_scalar(k, v, step)
 
@@ -190,15 +188,6 @@ class RunLog:
             self._tb.close()
 
 
-def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(_flatten(v, key + "/"))
-        else:
-            out[key] = v
-    return out
 
 
 # --------------------------------------------------------------------------- training
@@ -291,12 +280,8 @@ def train(cfg: RunConfig, run_dir: str | Path, data_dir: str | Path | None = Non
                 seen_in_epoch = 0
                 t_step = time.perf_counter()
                 for batch in distributed.until_any_exhausted(loader, device):
-                    model.train()
                     batch = batch.to(device)
-                    with autocast(t.precision, device), maybe_fp8_saved_activations(
-                            t.fp8_saved_activations, t.fp8_min_numel):
-                        out = model(batch)
-                    loss = masked_bce(out.logits.float(), batch.labels, batch.label_mask, weights)
+                    loss = forward_loss(model, batch, weights, t, device)
                     if world > 1:
                         # this rank's share of the global-batch mean: sum / (labels over all ranks)
                         n_local = batch.label_mask.bool().sum().to(loss.dtype)
@@ -304,15 +289,7 @@ def train(cfg: RunConfig, run_dir: str | Path, data_dir: str | Path | None = Non
                     if not torch.isfinite(loss):
                         raise TrainError(f"step {step}: loss is {loss.item()} "
                                          "(lower train.lr or check the data)")
-                    opt.zero_grad(set_to_none=True)
-                    loss.backward()
-                    if grad_scale != 1:  # FSDP averaged over ranks; the global-batch gradient is their sum
-                        for p in dense_list:
-                            if p.grad is not None:
-                                p.grad.mul_(grad_scale)
-                    gnorm = clip_dense_gradients(dense_list, t.grad_clip)
-                    opt.step()
-                    sched.step()
+                    gnorm = optimizer_step(loss, opt, sched, dense_list, t.grad_clip, grad_scale)
                     step += 1
                     seen_in_epoch += 1
                     distributed.maybe_inject_failure(step)

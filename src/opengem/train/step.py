@@ -1,0 +1,44 @@
+"""The training step, in two halves, shared by the trainer, online training and the benchmark.
+
+Split in two because the distributed trainer rescales the loss between them (each rank's share of the
+global-batch mean); everything else about a step -- precision, FP8 saved activations, the masked loss,
+dense gradient scaling and clipping, the optimizer and the schedule -- must be identical wherever a
+step is taken, or a benchmark measures a different step from the one that trains.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from opengem.data.batch import Batch
+from opengem.model.heads import masked_bce
+from opengem.train.config import TrainConfig
+from opengem.train.memory import autocast, maybe_fp8_saved_activations
+from opengem.train.optim import clip_dense_gradients
+
+
+def forward_loss(model: nn.Module, batch: Batch, weights: torch.Tensor, t: TrainConfig,
+                 device: torch.device) -> torch.Tensor:
+    """Forward under the configured precision and saved-activation format; the masked task-weighted BCE."""
+    model.train()
+    with autocast(t.precision, device), maybe_fp8_saved_activations(t.fp8_saved_activations, t.fp8_min_numel):
+        out = model(batch)
+    return masked_bce(out.logits.float(), batch.labels, batch.label_mask, weights)
+
+
+def optimizer_step(loss: torch.Tensor, opt: torch.optim.Optimizer, sched: Any, dense: list[nn.Parameter],
+                   grad_clip: float, grad_scale: float = 1.0) -> float:
+    """Backward (the fused sparse optimizer steps inside it), dense clip and step; returns the grad norm."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    if grad_scale != 1:  # FSDP averaged over ranks; the global-batch gradient is their sum
+        for p in dense:
+            if p.grad is not None:
+                p.grad.mul_(grad_scale)
+    gnorm = clip_dense_gradients(dense, grad_clip)
+    opt.step()
+    sched.step()
+    return gnorm
