@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny.toml"
@@ -76,4 +77,17 @@ def losses(run: Path) -> dict[int, float]:
         r = json.loads(line)
         if r["kind"] == "train":
             out[r["step"]] = r["loss"]
+    return out
+
+
+def final_tensors(run: Path) -> dict[str, torch.Tensor]:
+    """The final checkpoint's model tensors, read back through DCP into full (unsharded) tensors."""
+    import torch.distributed.checkpoint as dcp
+
+    from opengem.train import checkpoint as ckpt
+
+    md = ckpt.SafeReader(str(run / "checkpoints" / "final")).read_metadata()
+    out = {k: torch.empty(v.size, dtype=v.properties.dtype) for k, v in md.state_dict_metadata.items()
+           if k.startswith("model.") and hasattr(v, "size")}
+    dcp.load(out, storage_reader=ckpt.SafeReader(str(run / "checkpoints" / "final")), no_dist=True)
     return out

@@ -14,24 +14,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from dist_helpers import TINY, aligned_dataset, env, losses, run_train, train_cmd
+from dist_helpers import TINY, aligned_dataset, env, final_tensors, losses, run_train, train_cmd
 from opengem.train import checkpoint as ckpt
 from opengem.train.config import load_run_config
 from opengem.train.trainer import prepare_data, train
 
 FAST = ["train.progress=false", "train.threads=1", "train.warmup_steps=3", "train.final_eval=false",
         "train.log_every=2", "data.batch_size=64", "train.checkpoint_every=4"]
-
-
-def final_tensors(run: Path) -> dict[str, torch.Tensor]:
-    """The final checkpoint's model tensors, read back through DCP into full (unsharded) tensors."""
-    import torch.distributed.checkpoint as dcp
-
-    md = ckpt.SafeReader(str(run / "checkpoints" / "final")).read_metadata()
-    out = {k: torch.empty(v.size, dtype=v.properties.dtype) for k, v in md.state_dict_metadata.items()
-           if k.startswith("model.") and hasattr(v, "size")}
-    dcp.load(out, storage_reader=ckpt.SafeReader(str(run / "checkpoints" / "final")), no_dist=True)
-    return out
 
 
 def assert_same_params(a: Path, b: Path) -> None:

@@ -8,7 +8,7 @@ import subprocess
 import pytest
 import torch
 
-from dist_helpers import aligned_dataset, env, losses, run_train, train_cmd
+from dist_helpers import aligned_dataset, env, final_tensors, losses, run_train, train_cmd
 from opengem.train import distributed
 from opengem.train.config import load_run_config
 from opengem.train.trainer import prepare_data
@@ -36,9 +36,23 @@ def test_two_processes_follow_one_process(tmp_path, data):
     diffs = [abs(l1[s] - l2[s]) for s in l1]
     assert max(diffs) < 1e-4, diffs
     assert l1[50] < l1[1]  # it trained
+    p1, p2 = final_tensors(tmp_path / "one"), final_tensors(tmp_path / "two")
+    assert p1.keys() == p2.keys() and p1
+    for k in p1:
+        # A different reduction order gives float32 noise; Adam and row-wise Adagrad divide by the
+        # gradient's own size, so for near-zero gradients the noise grows over 50 steps. Measured:
+        # relative differences 1e-6 .. 7e-3 per tensor (largest on rarely seen embedding rows).
+        rel = float((p1[k] - p2[k]).norm() / p1[k].norm().clamp_min(1e-12))
+        assert rel < 2e-2, (k, rel)
     for k, m in one["final_eval"].items():
         assert two["final_eval"][k]["rows"] == m["rows"]
-        assert two["final_eval"][k]["auc"] == pytest.approx(m["auc"], abs=1e-3), k
+        if m["ne"] is None:  # a slice without both classes
+            continue
+        # NE is smooth in the predictions, so it is the tight check. AUC is not: this barely trained tiny
+        # model's predictions on a 356-row slice sit ~5e-5 apart, the same size as the float noise
+        # above, so near-ties reorder and AUC moves by ~2e-3 (measured) with no real difference.
+        assert two["final_eval"][k]["ne"] == pytest.approx(m["ne"], rel=1e-3), k
+        assert two["final_eval"][k]["auc"] == pytest.approx(m["auc"], abs=1e-2), k
 
 
 @pytest.mark.slow
