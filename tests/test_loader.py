@@ -2,6 +2,8 @@ import itertools
 import json
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from opengem.data.loader import ParquetLoader, merge_states
@@ -124,3 +126,159 @@ def test_resume_inside_a_row_group_read_in_pieces(schema, files, workers):
     assert sorted(head + ids(second)) == list(range(N))
     full = ParquetLoader(files, schema, 7, read_rows=10)
     assert [len(b) for b in full] == [7] * (N // 7) + ([N % 7] if N % 7 else [])
+
+
+# ------------------------------------------------------------------------------ row mixing (shuffle_window)
+FIRSTS = [sum(SIZES[:i]) for i in range(len(SIZES))]
+
+
+def unit_of(i: int) -> tuple[int, int]:
+    """(file, row group) of example id ``i`` (row groups of 37)."""
+    f = max(j for j, first in enumerate(FIRSTS) if first <= i)
+    return f, (i - FIRSTS[f]) // 37
+
+
+def content(batches) -> list[tuple]:
+    """Everything that identifies a batch's rows and values."""
+    return [(tuple(b.example_id.tolist()), b.dense.numpy().tobytes(), tuple(b.sparse.values().tolist()),
+             tuple(b.labels.flatten().tolist())) for b in batches]
+
+
+def run(files, schema, batch_size, stops, state=None, **kw) -> tuple[list, dict]:
+    """Batches over passes that stop after ``stops[i]`` batches (None: to the end), each in a fresh loader
+    resumed from the previous one's state."""
+    out = []
+    for k in stops:
+        loader = ParquetLoader(files, schema, batch_size, **kw)
+        if state is not None:
+            loader.load_state_dict(json.loads(json.dumps(state)))
+        it = iter(loader)
+        out += list(itertools.islice(it, k) if k is not None else it)
+        state = loader.state_dict()
+        del it
+    return out, state
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_shuffle_window_0_and_1_are_unchanged(schema, files, workers):
+    plain = ParquetLoader(files, schema, 16, num_workers=workers, read_rows=10, shuffle_units=True, seed=3)
+    expected = content(plain)
+    for w in (0, 1):
+        loader = ParquetLoader(files, schema, 16, num_workers=workers, read_rows=10, shuffle_units=True,
+                               seed=3, shuffle_window=w)
+        assert content(loader) == expected
+        assert loader.state_dict() == plain.state_dict() and "shuffle" not in loader.state_dict()
+    if workers == 0:  # one row group after another, in file order, as before
+        assert ids(ParquetLoader(files, schema, 16, shuffle_window=1)) == list(range(N))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("window", [2, 4])
+def test_shuffle_window_mixes_rows_exactly_once(schema, files, workers, window):
+    batches = list(ParquetLoader(files, schema, 16, num_workers=workers, read_rows=10, shuffle_window=window))
+    order = ids(batches)
+    assert sorted(order) == list(range(N))
+    per_unit: dict[tuple[int, int], list[int]] = {}
+    for i in order:
+        per_unit.setdefault(unit_of(i), []).append(i)
+    assert all(v == sorted(v) for v in per_unit.values())  # each unit's rows in file order
+    mixed = [len({unit_of(i) for i in b.example_id.tolist()}) for b in batches]
+    plain = [len({unit_of(i) for i in b.example_id.tolist()})
+             for b in ParquetLoader(files, schema, 16, num_workers=workers)]
+    assert sum(m > 1 for m in mixed) >= len(mixed) - 2 > sum(p > 1 for p in plain)
+    if workers == 0:
+        assert [len(b) for b in batches] == [16] * (N // 16) + [N % 16]
+    dropped = list(ParquetLoader(files, schema, 16, num_workers=workers, shuffle_window=window,
+                                 drop_last=True))
+    assert all(len(b) == 16 for b in dropped) and len(set(ids(dropped))) == len(ids(dropped))
+
+
+def test_shuffle_window_is_deterministic(schema, files):
+    kw = dict(read_rows=10, shuffle_units=True, shuffle_window=3)
+    a = ParquetLoader(files, schema, 16, seed=1, **kw)
+    b = ParquetLoader(files, schema, 16, seed=1, **kw)
+    a0, b0 = content(a), content(b)
+    assert a0 == b0
+    assert content(a) == content(b) != a0  # the next epoch: mixed again, differently
+    assert content(ParquetLoader(files, schema, 16, seed=2, **kw)) != a0
+
+
+@pytest.mark.parametrize("workers, stops", [(0, [1, 5, None]), (0, [3, 0, 4, None]), (2, [2, 4, None]),
+                                            (2, [6, None])])
+@pytest.mark.parametrize("batch_size, read_rows", [(16, 8192), (7, 10)])
+def test_shuffle_window_resume_replays_the_uninterrupted_stream(schema, files, workers, stops, batch_size,
+                                                                 read_rows):
+    # Even stops with 2 workers: a DataLoader restarts its round-robin at worker 0.
+    kw = dict(num_workers=workers, read_rows=read_rows, shuffle_units=True, seed=4, shuffle_window=3)
+    full = content(ParquetLoader(files, schema, batch_size, **kw))
+    resumed, state = run(files, schema, batch_size, stops, **kw)
+    assert content(resumed) == full
+    assert state["epoch"] == 1 and state["offsets"] == {}
+
+
+def test_shuffle_window_resume_with_bad_rows_skipped(schema, files, tmp_path):
+    table = pq.read_table(files[1])
+    col = table.column_names.index("ad_id")
+    values = table.column("ad_id").to_pylist()
+    for r in (3, 40, 41):  # dropped by check_columns: offsets still count them as read
+        values[r] = -5
+    field = table.schema.field(col)
+    table = table.set_column(col, field, pa.array(values, type=field.type))
+    pq.write_table(table, tmp_path / "bad.parquet", row_group_size=37)
+    bad = [files[0], tmp_path / "bad.parquet", files[2]]
+    kw = dict(read_rows=10, on_error="skip", shuffle_window=2)
+    loader = ParquetLoader(bad, schema, 7, **kw)
+    full = content(loader)
+    good = sorted(set(range(N)) - {FIRSTS[1] + r for r in (3, 40, 41)})
+    assert sorted(i for b in full for i in b[0]) == good and loader.problems.total == 3
+    for stops in ([2, 3, None], [5, 1, 1, None]):
+        assert content(run(bad, schema, 7, stops, **kw)[0]) == full
+
+
+@pytest.mark.parametrize("workers", [0, 2, 3])
+def test_shuffle_window_two_ranks_merged_into_one(schema, files, workers):
+    """Windows depend on the number of streams (ranks x workers): with another number, a window the
+    merged state cut mid-way is read unit by unit, the others are mixed; with the same number (1 rank x 2
+    workers = 2 ranks x 1) the resume is exact. Every row is delivered exactly once, over further
+    interruptions too."""
+    kw = dict(read_rows=10, shuffle_window=2)
+    heads, states = [], []
+    for rank in range(2):
+        batches, state = run(files, schema, 8, [3], rank=rank, world_size=2, **kw)
+        heads += ids(batches)
+        states.append(state)
+    merged = merge_states(states)
+    assert merged["shuffle"] == {"window": 2, "seed": 0, "streams": 2}
+    tails = [ids(run(files, schema, 8, [None], state=merged, rank=r, world_size=2, **kw)[0])
+             for r in range(2)]
+    assert sorted(heads + tails[0] + tails[1]) == list(range(N))  # same world size: the same windows
+    single = ParquetLoader(files, schema, 8, num_workers=workers, **kw)
+    single.load_state_dict(merged)
+    it = iter(single)
+    middle = ids(itertools.islice(it, 2))
+    state = single.state_dict()
+    del it
+    # None: some window was cut under another layout, remembered for later resumes in this epoch.
+    assert state["shuffle"]["streams"] == (2 if workers == 2 else None)
+    rest, end = run(files, schema, 8, [1, None], state=state, num_workers=workers, **kw)
+    assert sorted(heads + middle + ids(rest)) == list(range(N))
+    assert end["epoch"] == 1 and end["shuffle"]["streams"] == max(1, workers)  # a new epoch: own windows
+
+
+def test_shuffle_window_state_from_other_mixing_is_refused(schema, files):
+    for saved_kw, kw in [({"shuffle_window": 4}, {"shuffle_window": 2}),
+                         ({}, {"shuffle_window": 2}),
+                         ({"shuffle_window": 2, "seed": 1}, {"shuffle_window": 2, "seed": 2})]:
+        _, state = run(files, schema, 16, [3], read_rows=10, **saved_kw)
+        loader = ParquetLoader(files, schema, 16, read_rows=10, **kw)
+        loader.load_state_dict(state)
+        with pytest.raises(ValueError, match=r"does not fit the row mixing at unit .*part-\d+\.parquet#\d"):
+            next(iter(loader))
+    # At an epoch boundary nothing is cut mid-window: any mixing resumes.
+    _, state = run(files, schema, 16, [None], shuffle_window=4)
+    loader = ParquetLoader(files, schema, 16, shuffle_window=2)
+    loader.load_state_dict(state)
+    assert sorted(ids(loader)) == list(range(N)) and loader.epoch == 2
+    with pytest.raises(ValueError, match="mix rows differently"):
+        merge_states([run(files, schema, 8, [1], rank=r, world_size=2, shuffle_window=2 + r)[1]
+                      for r in range(2)])

@@ -12,10 +12,27 @@ delivered"); the loader applies them only when the batch is handed to the consum
 counts what the consumer received, never what workers prefetched. Offsets are keyed by (file, row group),
 not by rank or worker, so a saved state resumes exactly once under any worker count, and under any world
 size when the ranks' states are merged with :func:`merge_states`. Problem counts come back the same way.
+
+Row mixing (``shuffle_window`` W >= 2). A row group is a contiguous slice of time, so reading units one
+after another makes consecutive batches correlated. With W >= 2 each stream (one rank's, one worker's
+units after the dealing above) is cut into consecutive windows of W units, and the rows of a window are
+interleaved: the sequence of unit labels, each unit repeated ``num_rows`` times, is permuted by
+``np.random.default_rng([seed, epoch, crc32(the window's unit keys)])`` and position i of the window
+takes the next row of unit ``labels[i]``, in file order. Each unit is still read lazily in pieces of
+``read_rows`` (memory: about W pieces plus a batch), bad rows are dropped after checking as before, and
+an offset still counts the rows read from its unit, so "rows 0..k of unit u" stays valid: after any
+batch the offsets of a window are the label counts of a prefix of its sequence. A resume recomputes the
+sequence, skips sum(offsets) positions and checks that the prefix counts equal the offsets; it raises a
+ValueError naming the unit when they do not (a state saved with another shuffle_window, seed or unit
+order). The windows depend on the number of streams (world size x workers): when a state comes from
+another number of streams (e.g. two ranks merged and resumed by one), a window whose offsets are not a
+prefix of its sequence reads its units' remaining rows unit after unit instead (exactly once, unmixed,
+for that epoch's few such windows); ``state_dict()`` records this so that later resumes accept it too.
 """
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,21 +82,153 @@ def merge_states(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
     for s in states:
         for k, v in s["offsets"].items():
             offsets[k] = max(v, offsets.get(k, 0))
-    return {"version": STATE_VERSION, "epoch": epochs.pop(), "offsets": offsets}
+    out = {"version": STATE_VERSION, "epoch": epochs.pop(), "offsets": offsets}
+    mixing = [s.get("shuffle") or {} for s in states]
+    if any(mixing):
+        kinds = {(m.get("window", 0), m.get("seed")) for m in mixing}
+        if len(kinds) != 1:
+            raise ValueError(f"merge_states: ranks mix rows differently (shuffle_window, seed): "
+                             f"{sorted(kinds, key=str)}")
+        window, seed = kinds.pop()
+        streams = {m.get("streams") for m in mixing}
+        out["shuffle"] = {"window": window, "seed": seed,
+                          "streams": streams.pop() if len(streams) == 1 else None}
+    return out
+
+
+def _windows(units: list[Unit], window: int) -> list[list[Unit]]:
+    return [units[i:i + window] for i in range(0, len(units), window)]
+
+
+def _window_labels(units: list[Unit], seed: int, epoch: int) -> np.ndarray:
+    """The window's interleaving: unit index of each position, each unit ``num_rows`` times."""
+    labels = np.repeat(np.arange(len(units), dtype=np.int8 if len(units) < 128 else np.int32),
+                       [u.num_rows for u in units])
+    key = zlib.crc32("\n".join(u.key for u in units).encode())
+    return np.random.default_rng([seed, epoch, key]).permutation(labels)
+
+
+def _window_start(units: list[Unit], offsets: list[int], labels: np.ndarray) -> tuple[int, int | None]:
+    """(positions already delivered, index of the first unit whose offset is not the prefix's count)."""
+    start = sum(offsets)
+    counts = np.bincount(labels[:start], minlength=len(units))
+    bad = np.flatnonzero(counts != np.asarray(offsets))
+    return start, (int(bad[0]) if bad.size else None)
+
+
+def _gather(cols: Columns, idx: np.ndarray) -> Columns:
+    """Rows ``idx`` (integer indices, any order) of ``cols``."""
+    lists = {}
+    for k, (ln, v) in cols.lists.items():
+        starts = cols.offsets(k)[:-1][idx]
+        lengths = ln[idx]
+        first = np.zeros(len(idx), dtype=np.int64)
+        np.cumsum(lengths[:-1], out=first[1:])
+        lists[k] = (lengths, v[np.repeat(starts - first, lengths) + np.arange(int(lengths.sum()))])
+    return Columns(len(idx), {k: v[idx] for k, v in cols.scalars.items()},
+                   {k: v[idx] for k, v in cols.masks.items()}, lists, cols.rows[idx])
+
+
+class _Cutter:
+    """Cuts batches of exactly ``size`` rows from a stream of pieces, with the offsets each one completes.
+
+    ``updates`` are the offsets that hold once everything fed so far is delivered; ``base`` those that
+    held when the pending batch was empty (what a dropped last batch leaves behind).
+    """
+
+    def __init__(self, size: int) -> None:
+        self.size, self.parts, self.n = size, [], 0
+        self.updates: dict[str, int] = {}
+        self.base: dict[str, int] = {}
+
+    def feed(self, cols: Columns, mark: Any) -> Iterator[tuple[list[Columns], dict[str, int]]]:
+        """``mark(j)``: the offsets that hold once rows 0..j of ``cols`` are delivered."""
+        pos = 0
+        while pos < cols.n:
+            if self.n == 0:
+                self.base = dict(self.updates)
+            take = min(self.size - self.n, cols.n - pos)
+            self.parts.append(cols.slice(pos, pos + take))
+            self.n += take
+            pos += take
+            self.updates.update(mark(pos - 1))
+            if self.n == self.size:
+                yield self.parts, self.updates
+                self.parts, self.n, self.updates = [], 0, {}
+
+
+class _UnitReader:
+    """One unit of a window, read lazily in pieces from ``start``; ``take(n)`` consumes n file positions."""
+
+    def __init__(self, stream: _Stream, unit: Unit, start: int, log: ProblemLog) -> None:
+        self.stream, self.unit, self.log = stream, unit, log
+        self.cursor = self.read_to = start  # positions consumed / positions read from the file
+        self.pieces: Iterator[tuple[Any, int]] | None = None
+        self.piece: Columns | None = None
+        self.rel = np.zeros(0, dtype=np.int64)  # the piece's row positions within the unit
+        self.at = 0  # rows of the piece consumed
+        self.dead = False
+
+    def take(self, n: int) -> list[Columns]:
+        """The checked rows among the next ``n`` positions of the unit, in file order."""
+        s, u, end, out = self.stream, self.unit, self.cursor + n, []
+        while True:
+            if self.piece is not None:
+                k = int(np.searchsorted(self.rel, end))
+                if k > self.at:
+                    out.append(self.piece.slice(self.at, k))
+                    self.at = k
+                if self.at < self.piece.n:
+                    break
+                self.piece = None
+            if self.read_to >= end or self.dead:
+                break
+            if self.pieces is None:
+                self.pieces = iter_row_group(u.info, u.rg, s.schema, self.cursor, s.read_rows)
+            try:
+                table, first = next(self.pieces)
+                cols = Columns.from_arrow(table, s.schema, u.row_start + first)
+                self.piece = check_columns(cols, s.schema, u.info.path, self.log, s.on_error)
+            except StopIteration:
+                self.dead = True
+                break
+            except DataError as e:
+                if s.on_error != "skip":
+                    raise
+                what = "corrupt row group" if e.what.startswith("corrupt") else e.what
+                self.log.add(e.file, e.column, what, "skip", None if e.row is None else np.array([e.row]))
+                self.dead = True  # its remaining positions deliver nothing
+                break
+            self.rel, self.at = self.piece.rows - u.row_start, 0
+            self.read_to = first + table.num_rows
+        self.cursor = end
+        return out
+
+    def close(self) -> None:
+        if self.pieces is not None:
+            self.pieces.close()  # type: ignore[attr-defined]
+        self.piece = None
 
 
 class _Stream(tud.IterableDataset):
     """One rank's units for one pass; yields (batch | None, offsets, problem counts, samples, error)."""
 
     def __init__(self, schema: FeatureSchema, units: list[Unit], offsets: dict[str, int], batch_size: int,
-                 drop_last: bool, on_error: str, keep: int, read_rows: int) -> None:
+                 drop_last: bool, on_error: str, keep: int, read_rows: int, window: int = 0, seed: int = 0,
+                 epoch: int = 0, lenient: bool = False) -> None:
         self.schema, self.units, self.offsets, self.read_rows = schema, units, offsets, read_rows
         self.batch_size, self.drop_last, self.on_error, self.keep = batch_size, drop_last, on_error, keep
+        # Row mixing: windows of `window` units; `lenient`: a window whose offsets are not a prefix of its
+        # interleaving (state from another number of streams) is read unit after unit.
+        self.window, self.seed, self.epoch, self.lenient = window, seed, epoch, lenient
 
     def __iter__(self) -> Iterator[tuple]:
         info = tud.get_worker_info()
         units = self.units if info is None else self.units[info.id::info.num_workers]
         log = ProblemLog(raise_errors=True, keep=self.keep)
+        if self.window >= 2:
+            yield from self._mixed(units, info is not None, log)
+            return
         pending: list[Columns] = []
         pending_n = 0
         updates: dict[str, int] = {}
@@ -139,6 +288,105 @@ class _Stream(tud.IterableDataset):
             # Sent as data rather than raised so the message reaches the caller without a worker traceback.
             yield (None, {}, dict(log.counts), list(log.samples), (e.file, e.what, e.column, e.row))
 
+    # ------------------------------------------------------------------ row mixing (window >= 2)
+    def _mixed(self, units: list[Unit], in_worker: bool, log: ProblemLog) -> Iterator[tuple]:
+        cut = _Cutter(self.batch_size)
+
+        def emit(parts: list[Columns] | None, upd: dict[str, int]) -> tuple:
+            batch: Batch | Columns | None = None
+            if parts:
+                cols = Columns.concat(parts)
+                batch = Columns(cols.n, cols.scalars, cols.masks, cols.lists, cols.rows) if in_worker \
+                    else to_batch(cols, self.schema)
+            out = (batch, upd, dict(log.counts), list(log.samples), None)
+            log.counts.clear()
+            log.samples.clear()
+            return out
+
+        try:
+            for win in _windows(units, self.window):
+                offs = [min(self.offsets.get(u.key, 0), u.num_rows) for u in win]
+                if all(o == u.num_rows for o, u in zip(offs, win, strict=True)):
+                    continue
+                labels = _window_labels(win, self.seed, self.epoch)
+                start, bad = _window_start(win, offs, labels)
+                if bad is None:
+                    pieces = self._interleave(win, offs, labels, start, cut, log)
+                elif self.lenient:
+                    pieces = (x for u, o in zip(win, offs, strict=True)
+                              for x in self._in_order(u, o, cut, log))
+                else:  # checked by the loader before any worker starts; repeated here as a guard
+                    raise ValueError(f"loader state does not fit the row mixing at unit {win[bad].key}")
+                for parts, upd in pieces:
+                    yield emit(parts, upd)
+            if cut.n and not self.drop_last:
+                yield emit(cut.parts, cut.updates)
+            else:
+                # Rows of a dropped last batch were never delivered: only what held before it was begun.
+                yield emit(None, cut.base if cut.n else cut.updates)
+        except DataError as e:
+            yield (None, {}, dict(log.counts), list(log.samples), (e.file, e.what, e.column, e.row))
+
+    def _interleave(self, win: list[Unit], offs: list[int], labels: np.ndarray, start: int, cut: _Cutter,
+                    log: ProblemLog) -> Iterator[tuple[list[Columns], dict[str, int]]]:
+        """The window's rows from position ``start`` on, in the order ``labels`` gives."""
+        readers = [_UnitReader(self, u, o, log) for u, o in zip(win, offs, strict=True)]
+        counts, done = np.asarray(offs, dtype=np.int64), start  # label counts of labels[:done]
+
+        def at(p: int) -> dict[str, int]:  # offsets once positions < p are delivered (p never decreases)
+            nonlocal done
+            if p > done:
+                counts[:] += np.bincount(labels[done:p], minlength=len(win))
+                done = p
+            return {u.key: int(c) for u, c in zip(win, counts, strict=True) if c}
+
+        try:
+            for a in range(start, len(labels), self.read_rows):
+                lab = labels[a:a + self.read_rows]
+                order = np.argsort(lab, kind="stable")  # each unit's positions in this chunk, in order
+                split = np.cumsum(np.bincount(lab, minlength=len(win)))[:-1]
+                parts, where = [], []
+                for r, idx in zip(readers, np.split(order, split), strict=True):
+                    if not len(idx):
+                        continue
+                    first = r.cursor
+                    for part in r.take(len(idx)):
+                        parts.append(part)
+                        where.append(a + idx[part.rows - r.unit.row_start - first])
+                if not parts:
+                    continue
+                cols, pos = Columns.concat(parts), np.concatenate(where)
+                order = np.argsort(pos, kind="stable")
+                cols, pos = _gather(cols, order), pos[order]
+                yield from cut.feed(cols, lambda j, pos=pos: at(int(pos[j]) + 1))
+        finally:
+            for r in readers:
+                r.close()
+        cut.updates.update({u.key: u.num_rows for u in win})  # every row of the window is fed
+
+    def _in_order(self, u: Unit, start: int, cut: _Cutter,
+                  log: ProblemLog) -> Iterator[tuple[list[Columns], dict[str, int]]]:
+        """One unit's rows from ``start`` on, in file order (a window that cannot resume its interleaving)."""
+        try:
+            for table, first in iter_row_group(u.info, u.rg, self.schema, start, self.read_rows):
+                last_piece = first + table.num_rows == u.num_rows
+                cols = Columns.from_arrow(table, self.schema, u.row_start + first)
+                cols = check_columns(cols, self.schema, u.info.path, log, self.on_error)
+                if cols.n == 0 and last_piece:
+                    cut.updates[u.key] = u.num_rows
+
+                def mark(j: int, cols: Columns = cols, last: bool = last_piece) -> dict[str, int]:
+                    done = last and j == cols.n - 1
+                    return {u.key: u.num_rows if done else int(cols.rows[j]) - u.row_start + 1}
+
+                yield from cut.feed(cols, mark)
+        except DataError as e:
+            if self.on_error != "skip":
+                raise
+            what = "corrupt row group" if e.what.startswith("corrupt") else e.what
+            log.add(e.file, e.column, what, "skip", None if e.row is None else np.array([e.row]))
+            cut.updates[u.key] = u.num_rows
+
 
 class ParquetLoader:
     """Iterable of :class:`Batch` over canonical Parquet files; see the module docstring.
@@ -147,15 +395,19 @@ class ParquetLoader:
     time within a row group (the memory bound). ``on_error``: None follows the schema, ``"skip"``
     turns every ``error`` policy into skip-and-count. ``problems`` accumulates the counts of everything
     skipped or repaired; ``report()`` formats them. Iterating again after a complete pass starts
-    the next epoch (with ``shuffle_units`` a new unit order).
+    the next epoch (with ``shuffle_units`` a new unit order). ``shuffle_window`` >= 2 interleaves the rows
+    of consecutive windows of that many units per stream (see the module docstring); 0 or 1 reads unit
+    after unit.
     """
 
     def __init__(self, files: Sequence[str | Path] | str | Path, schema: FeatureSchema, batch_size: int, *,
                  rank: int = 0, world_size: int = 1, num_workers: int = 0, on_error: str | None = None,
                  drop_last: bool = False, shuffle_units: bool = False, seed: int = 0,
-                 keep_problems: int = 100, read_rows: int = 8192) -> None:
+                 keep_problems: int = 100, read_rows: int = 8192, shuffle_window: int = 0) -> None:
         if batch_size <= 0:
             raise ValueError(f"batch_size must be > 0, got {batch_size}")
+        if shuffle_window < 0:
+            raise ValueError(f"shuffle_window must be >= 0, got {shuffle_window}")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
         if num_workers < 0:
@@ -169,11 +421,15 @@ class ParquetLoader:
         self.batch_size, self.rank, self.world_size = batch_size, rank, world_size
         self.num_workers, self.drop_last = num_workers, drop_last
         self.shuffle_units, self.seed = shuffle_units, seed
-        self.read_rows = read_rows
+        self.read_rows, self.shuffle_window = read_rows, shuffle_window
         self.on_error = effective_on_error(schema, on_error)
         self.problems = ProblemLog(raise_errors=True, keep=keep_problems)
         self.epoch = 0
         self._offsets: dict[str, int] = {}
+        # Row mixing: the number of streams whose windows this epoch's offsets follow, None when they may
+        # follow another one (see load_state_dict); the (window, seed) of the state loaded last.
+        self._streams: int | None = self.num_streams
+        self._saved_mixing: tuple[int, int | None] = (shuffle_window, seed)
         self._infos: list[FileInfo] = []
         for f in self.files:
             try:
@@ -202,26 +458,81 @@ class ParquetLoader:
         return self.all_units()[self.rank::self.world_size]
 
     @property
+    def num_streams(self) -> int:
+        """Streams the units are dealt to (ranks x workers); row-mixing windows depend on it alone."""
+        return self.world_size * max(1, self.num_workers)
+
+    def _stream_units(self) -> list[list[Unit]]:
+        """This rank's units per worker, as the workers deal them."""
+        units, n = self.units(), max(1, self.num_workers)
+        return [units[w::n] for w in range(n)]
+
+    @property
     def num_rows(self) -> int:
         """Rows this rank reads in one epoch before any are dropped as bad."""
         return sum(u.num_rows for u in self.units())
 
     def state_dict(self) -> dict[str, Any]:
-        return {"version": STATE_VERSION, "epoch": self.epoch, "offsets": dict(self._offsets)}
+        state = {"version": STATE_VERSION, "epoch": self.epoch, "offsets": dict(self._offsets)}
+        if self.shuffle_window >= 2:
+            state["shuffle"] = {"window": self.shuffle_window, "seed": self.seed, "streams": self._streams}
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("version") != STATE_VERSION:
             raise ValueError(f"loader state version {state.get('version')!r}, expected {STATE_VERSION}")
         self.epoch = int(state["epoch"])
         self._offsets = {str(k): int(v) for k, v in state["offsets"].items()}
+        mixing = state.get("shuffle") or {}
+        window = int(mixing.get("window", 0))
+        self._saved_mixing = (window if window >= 2 else 0, mixing.get("seed"))
+        self._streams = self.num_streams
+        same = self._saved_mixing == (self.shuffle_window, self.seed)
+        if same and mixing.get("streams") != self.num_streams:
+            self._streams = None  # windows of another layout: _check_resume may read some unit by unit
+
+    def _check_resume(self) -> bool:
+        """Check the offsets against this epoch's row mixing; True when a window must be read unit by unit.
+
+        A window's offsets must be the label counts of a prefix of its interleaving, unless the state
+        comes from another number of streams (then such a window is read unit after unit, exactly once).
+        """
+        if self.shuffle_window < 2 or not self._offsets:
+            return False
+        lenient, unfit = self._streams is None, False
+        for stream in self._stream_units():
+            for win in _windows(stream, self.shuffle_window):
+                offs = [min(self._offsets.get(u.key, 0), u.num_rows) for u in win]
+                if not any(offs) or all(o == u.num_rows for o, u in zip(offs, win, strict=True)):
+                    continue
+                labels = _window_labels(win, self.seed, self.epoch)
+                start, bad = _window_start(win, offs, labels)
+                if bad is None:
+                    continue
+                if not lenient:
+                    u = win[bad]
+                    held = int(np.count_nonzero(labels[:start] == bad))
+                    sw, ss = self._saved_mixing
+                    raise ValueError(
+                        f"loader state does not fit the row mixing at unit {u.key}: the state has "
+                        f"{offs[bad]} of its rows delivered, but with shuffle_window={self.shuffle_window}, "
+                        f"seed={self.seed}, epoch {self.epoch} the first {start} rows of its window hold "
+                        f"{held} of them (state saved with shuffle_window={sw}, seed={ss}); resume with the "
+                        f"same shuffle_window, seed and shuffle_units")
+                unfit = True
+        if not unfit:
+            self._streams = self.num_streams  # every window resumes its own interleaving
+        return unfit
 
     def report(self) -> str:
         return self.problems.report()
 
     # ------------------------------------------------------------------ iteration
     def __iter__(self) -> Iterator[Batch]:
+        lenient = self._check_resume()
         stream = _Stream(self.schema, self.units(), dict(self._offsets), self.batch_size, self.drop_last,
-                         self.on_error, self.problems.keep, self.read_rows)
+                         self.on_error, self.problems.keep, self.read_rows, self.shuffle_window, self.seed,
+                         self.epoch, lenient)
         if self.num_workers == 0:
             items: Any = iter(stream)
         else:
@@ -238,6 +549,8 @@ class ParquetLoader:
                 yield batch if isinstance(batch, Batch) else to_batch(batch, self.schema)
         self.epoch += 1
         self._offsets = {}
+        self._streams = self.num_streams
+        self._saved_mixing = (self.shuffle_window, self.seed)
 
 
 def _identity(x: Any) -> Any:

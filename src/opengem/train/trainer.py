@@ -152,7 +152,8 @@ def make_loader(ds: Dataset, spec: str, cfg: DataConfig, *, train: bool, seed: i
     batch_size = cfg.batch_size if train or not cfg.eval_batch_size else cfg.eval_batch_size
     return ParquetLoader(ds.files(spec), ds.schema, batch_size, rank=rank, world_size=world,
                          num_workers=cfg.num_workers, on_error=cfg.on_error or None, drop_last=train,
-                         shuffle_units=train and cfg.shuffle, seed=seed)
+                         shuffle_units=train and cfg.shuffle, seed=seed,
+                         shuffle_window=cfg.shuffle_window if train else 0)  # evaluation never mixes rows
 
 
 def task_weights(schema: FeatureSchema, device: torch.device) -> torch.Tensor:
