@@ -505,6 +505,15 @@ class ParquetLoader:
                 offs = [min(self._offsets.get(u.key, 0), u.num_rows) for u in win]
                 if not any(offs) or all(o == u.num_rows for o, u in zip(offs, win, strict=True)):
                     continue
+                if not lenient and self._saved_mixing != (self.shuffle_window, self.seed):
+                    # A window cut by another mixing: its offsets may fit ours by chance, but refuse always.
+                    sw, ss = self._saved_mixing
+                    u = next(u for u, o in zip(win, offs, strict=True) if 0 < o < u.num_rows or o == 0)
+                    raise ValueError(
+                        f"loader state does not fit the row mixing at unit {u.key}: the state was saved "
+                        f"mid-window with shuffle_window={sw}, seed={ss}, but this loader mixes with "
+                        f"shuffle_window={self.shuffle_window}, seed={self.seed}; resume with the same "
+                        f"shuffle_window, seed and shuffle_units (or from an epoch boundary)")
                 labels = _window_labels(win, self.seed, self.epoch)
                 start, bad = _window_start(win, offs, labels)
                 if bad is None:
