@@ -91,7 +91,10 @@ def evaluate(model: torch.nn.Module, loader: Any, schema: Any) -> dict[str, Any]
     def num(x: Any) -> float:  # None where a surface x task has one label value only
         return float("nan") if x is None else float(x)
 
-    metrics = {k: {"ne": num(v["ne"]), "auc": num(v["auc"])} for k, v in acc.compute().items()}
+    metrics = {
+        k: {"ne": num(v["ne"]), "auc": num(v["auc"]), "calibration": num(v.get("calibration"))}
+        for k, v in acc.compute().items()
+    }
     return {"loss": loss / max(n, 1), "metrics": metrics}
 
 
@@ -129,6 +132,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             bs if train else ebs,
             drop_last=train,
             shuffle_units=train and cfg.data.shuffle,
+            shuffle_window=cfg.data.shuffle_window if train else 0,
             seed=seed,
         )
 

@@ -258,8 +258,9 @@ def test_shuffle_window_two_ranks_merged_into_one(schema, files, workers):
     middle = ids(itertools.islice(it, 2))
     state = single.state_dict()
     del it
-    # None: some window was cut under another layout, remembered for later resumes in this epoch.
-    assert state["shuffle"]["streams"] == (2 if workers == 2 else None)
+    # None: some window was cut under another layout, remembered for later resumes in this epoch (unless
+    # every cut window's offsets happen to fit this layout's order too: the unit keys hold tmp paths).
+    assert state["shuffle"]["streams"] in ((2,) if workers == 2 else (None, max(1, workers)))
     rest, end = run(files, schema, 8, [1, None], state=state, num_workers=workers, **kw)
     assert sorted(heads + middle + ids(rest)) == list(range(N))
     assert end["epoch"] == 1 and end["shuffle"]["streams"] == max(1, workers)  # a new epoch: own windows
