@@ -133,13 +133,15 @@ class _Cutter:
     """Cuts batches of exactly ``size`` rows from a stream of pieces, with the offsets each one completes.
 
     ``updates`` are the offsets that hold once everything fed so far is delivered; ``base`` those that
-    held when the pending batch was empty (what a dropped last batch leaves behind).
+    held when the pending batch was begun; ``keys`` the units that the marks of its rows name (unit after
+    unit: the units with rows in it).
     """
 
     def __init__(self, size: int) -> None:
         self.size, self.parts, self.n = size, [], 0
         self.updates: dict[str, int] = {}
         self.base: dict[str, int] = {}
+        self.keys: set[str] = set()
 
     def feed(self, cols: Columns, mark: Any) -> Iterator[tuple[list[Columns], dict[str, int]]]:
         """``mark(j)``: the offsets that hold once rows 0..j of ``cols`` are delivered."""
@@ -151,10 +153,31 @@ class _Cutter:
             self.parts.append(cols.slice(pos, pos + take))
             self.n += take
             pos += take
-            self.updates.update(mark(pos - 1))
+            done = mark(pos - 1)
+            self.updates.update(done)
+            self.keys.update(done)
             if self.n == self.size:
                 yield self.parts, self.updates
-                self.parts, self.n, self.updates = [], 0, {}
+                self.parts, self.n, self.updates, self.keys = [], 0, {}, set()
+
+    def dropped(self, mixed: bool) -> dict[str, int]:
+        """The offsets that hold when the pending (last) batch is dropped: its rows were never delivered.
+
+        Unit after unit, only the units with rows in it keep their earlier offsets (a unit completed
+        meanwhile with no row in it, all bad or skipped, counts as done); with row mixing every offset stays
+        as it was when the batch was begun, so that a window's offsets remain a prefix of its interleaving.
+        """
+        if not self.n:
+            return self.updates
+        return self.base if mixed else {k: v for k, v in self.updates.items() if k not in self.keys}
+
+
+def _skipped(e: DataError, on_error: str, log: ProblemLog) -> None:
+    """Count a unit's DataError as skipped (its remaining rows deliver nothing); raise it unless skipping."""
+    if on_error != "skip":
+        raise e
+    what = "corrupt row group" if e.what.startswith("corrupt") else e.what
+    log.add(e.file, e.column, what, "skip", None if e.row is None else np.array([e.row]))
 
 
 class _UnitReader:
@@ -193,10 +216,7 @@ class _UnitReader:
                 self.dead = True
                 break
             except DataError as e:
-                if s.on_error != "skip":
-                    raise
-                what = "corrupt row group" if e.what.startswith("corrupt") else e.what
-                self.log.add(e.file, e.column, what, "skip", None if e.row is None else np.array([e.row]))
+                _skipped(e, s.on_error, self.log)
                 self.dead = True  # its remaining positions deliver nothing
                 break
             self.rel, self.at = self.piece.rows - u.row_start, 0
@@ -226,106 +246,81 @@ class _Stream(tud.IterableDataset):
         info = tud.get_worker_info()
         units = self.units if info is None else self.units[info.id::info.num_workers]
         log = ProblemLog(raise_errors=True, keep=self.keep)
-        if self.window >= 2:
-            yield from self._mixed(units, info is not None, log)
-            return
-        pending: list[Columns] = []
-        pending_n = 0
-        updates: dict[str, int] = {}
-        pending_keys: set[str] = set()
-
-        def make(parts: list[Columns]) -> Batch | Columns:
-            # In a worker, ship numpy (pickled through the pipe in one piece per array) and build the
-            # Batch in the consumer: torch's per-tensor shared-memory hand-off costs more than the copy.
-            cols = Columns.concat(parts)
-            if info is None:
-                return to_batch(cols, self.schema)
-            return Columns(cols.n, cols.scalars, cols.masks, cols.lists, cols.rows)  # no slice cache
-
-        def emit(batch: Batch | Columns | None, upd: dict[str, int]) -> tuple:
-            out = (batch, upd, dict(log.counts), list(log.samples), None)
-            log.counts.clear()
-            log.samples.clear()
-            return out
-
-        try:
-            for u in units:
-                start = self.offsets.get(u.key, 0)
-                if start >= u.num_rows:
-                    continue
-                try:
-                    for table, first in iter_row_group(u.info, u.rg, self.schema, start, self.read_rows):
-                        last_piece = first + table.num_rows == u.num_rows
-                        cols = Columns.from_arrow(table, self.schema, u.row_start + first)
-                        cols = check_columns(cols, self.schema, u.info.path, log, self.on_error)
-                        if cols.n == 0 and last_piece:
-                            updates[u.key] = u.num_rows
-                        pos = 0
-                        while pos < cols.n:
-                            take = min(self.batch_size - pending_n, cols.n - pos)
-                            part = cols.slice(pos, pos + take)
-                            pos += take
-                            pending.append(part)
-                            pending_n += take
-                            pending_keys.add(u.key)
-                            done = last_piece and pos == cols.n
-                            updates[u.key] = u.num_rows if done else int(part.rows[-1]) - u.row_start + 1
-                            if pending_n == self.batch_size:
-                                yield emit(make(pending), updates)
-                                pending, pending_n, updates, pending_keys = [], 0, {}, set()
-                except DataError as e:
-                    if self.on_error != "skip":
-                        raise
-                    what = "corrupt row group" if e.what.startswith("corrupt") else e.what
-                    log.add(e.file, e.column, what, "skip", None if e.row is None else np.array([e.row]))
-                    updates[u.key] = u.num_rows
-            if pending_n and not self.drop_last:
-                yield emit(make(pending), updates)
-            else:
-                # Rows of a dropped last batch were never delivered: leave their units' offsets alone.
-                yield emit(None, {k: v for k, v in updates.items() if k not in pending_keys})
-        except DataError as e:
-            # Sent as data rather than raised so the message reaches the caller without a worker traceback.
-            yield (None, {}, dict(log.counts), list(log.samples), (e.file, e.what, e.column, e.row))
-
-    # ------------------------------------------------------------------ row mixing (window >= 2)
-    def _mixed(self, units: list[Unit], in_worker: bool, log: ProblemLog) -> Iterator[tuple]:
         cut = _Cutter(self.batch_size)
 
         def emit(parts: list[Columns] | None, upd: dict[str, int]) -> tuple:
             batch: Batch | Columns | None = None
             if parts:
+                # In a worker, ship numpy (pickled through the pipe in one piece per array) and build the
+                # Batch in the consumer: torch's per-tensor shared-memory hand-off costs more than the copy.
                 cols = Columns.concat(parts)
-                batch = Columns(cols.n, cols.scalars, cols.masks, cols.lists, cols.rows) if in_worker \
-                    else to_batch(cols, self.schema)
+                batch = to_batch(cols, self.schema) if info is None \
+                    else Columns(cols.n, cols.scalars, cols.masks, cols.lists, cols.rows)  # no slice cache
             out = (batch, upd, dict(log.counts), list(log.samples), None)
             log.counts.clear()
             log.samples.clear()
             return out
 
         try:
-            for win in _windows(units, self.window):
-                offs = [min(self.offsets.get(u.key, 0), u.num_rows) for u in win]
-                if all(o == u.num_rows for o, u in zip(offs, win, strict=True)):
-                    continue
-                labels = _window_labels(win, self.seed, self.epoch)
-                start, bad = _window_start(win, offs, labels)
-                if bad is None:
-                    pieces = self._interleave(win, offs, labels, start, cut, log)
-                elif self.lenient:
-                    pieces = (x for u, o in zip(win, offs, strict=True)
-                              for x in self._in_order(u, o, cut, log))
-                else:  # checked by the loader before any worker starts; repeated here as a guard
-                    raise ValueError(f"loader state does not fit the row mixing at unit {win[bad].key}")
-                for parts, upd in pieces:
-                    yield emit(parts, upd)
+            mixed = self.window >= 2
+            for parts, upd in self._mixed(units, cut, log) if mixed else self._plain(units, cut, log):
+                yield emit(parts, upd)
             if cut.n and not self.drop_last:
                 yield emit(cut.parts, cut.updates)
             else:
-                # Rows of a dropped last batch were never delivered: only what held before it was begun.
-                yield emit(None, cut.base if cut.n else cut.updates)
+                yield emit(None, cut.dropped(mixed))
         except DataError as e:
+            # Sent as data rather than raised so the message reaches the caller without a worker traceback.
             yield (None, {}, dict(log.counts), list(log.samples), (e.file, e.what, e.column, e.row))
+
+    def _plain(self, units: list[Unit], cut: _Cutter,
+               log: ProblemLog) -> Iterator[tuple[list[Columns], dict[str, int]]]:
+        """Unit after unit (``window`` 0 or 1), each from its offset on."""
+        for u in units:
+            start = self.offsets.get(u.key, 0)
+            if start < u.num_rows:
+                yield from self._in_order(u, start, cut, log)
+
+    def _in_order(self, u: Unit, start: int, cut: _Cutter,
+                  log: ProblemLog) -> Iterator[tuple[list[Columns], dict[str, int]]]:
+        """One unit's rows from ``start`` on, in file order.
+
+        The plain stream reads every unit so, row mixing a window that cannot resume its interleaving.
+        """
+        try:
+            for table, first in iter_row_group(u.info, u.rg, self.schema, start, self.read_rows):
+                last_piece = first + table.num_rows == u.num_rows
+                cols = Columns.from_arrow(table, self.schema, u.row_start + first)
+                cols = check_columns(cols, self.schema, u.info.path, log, self.on_error)
+                if cols.n == 0 and last_piece:
+                    cut.updates[u.key] = u.num_rows
+
+                def mark(j: int, cols: Columns = cols, last: bool = last_piece) -> dict[str, int]:
+                    done = last and j == cols.n - 1
+                    return {u.key: u.num_rows if done else int(cols.rows[j]) - u.row_start + 1}
+
+                yield from cut.feed(cols, mark)
+        except DataError as e:
+            _skipped(e, self.on_error, log)
+            cut.updates[u.key] = u.num_rows
+
+    # ------------------------------------------------------------------ row mixing (window >= 2)
+    def _mixed(self, units: list[Unit], cut: _Cutter,
+               log: ProblemLog) -> Iterator[tuple[list[Columns], dict[str, int]]]:
+        """Window after window of ``window`` units, each interleaved (or, when lenient, unit by unit)."""
+        for win in _windows(units, self.window):
+            offs = [min(self.offsets.get(u.key, 0), u.num_rows) for u in win]
+            if all(o == u.num_rows for o, u in zip(offs, win, strict=True)):
+                continue
+            labels = _window_labels(win, self.seed, self.epoch)
+            start, bad = _window_start(win, offs, labels)
+            if bad is None:
+                yield from self._interleave(win, offs, labels, start, cut, log)
+            elif self.lenient:
+                for u, o in zip(win, offs, strict=True):
+                    yield from self._in_order(u, o, cut, log)
+            else:  # checked by the loader before any worker starts; repeated here as a guard
+                raise ValueError(f"loader state does not fit the row mixing at unit {win[bad].key}")
 
     def _interleave(self, win: list[Unit], offs: list[int], labels: np.ndarray, start: int, cut: _Cutter,
                     log: ProblemLog) -> Iterator[tuple[list[Columns], dict[str, int]]]:
@@ -363,29 +358,6 @@ class _Stream(tud.IterableDataset):
             for r in readers:
                 r.close()
         cut.updates.update({u.key: u.num_rows for u in win})  # every row of the window is fed
-
-    def _in_order(self, u: Unit, start: int, cut: _Cutter,
-                  log: ProblemLog) -> Iterator[tuple[list[Columns], dict[str, int]]]:
-        """One unit's rows from ``start`` on, in file order (a window that cannot resume its interleaving)."""
-        try:
-            for table, first in iter_row_group(u.info, u.rg, self.schema, start, self.read_rows):
-                last_piece = first + table.num_rows == u.num_rows
-                cols = Columns.from_arrow(table, self.schema, u.row_start + first)
-                cols = check_columns(cols, self.schema, u.info.path, log, self.on_error)
-                if cols.n == 0 and last_piece:
-                    cut.updates[u.key] = u.num_rows
-
-                def mark(j: int, cols: Columns = cols, last: bool = last_piece) -> dict[str, int]:
-                    done = last and j == cols.n - 1
-                    return {u.key: u.num_rows if done else int(cols.rows[j]) - u.row_start + 1}
-
-                yield from cut.feed(cols, mark)
-        except DataError as e:
-            if self.on_error != "skip":
-                raise
-            what = "corrupt row group" if e.what.startswith("corrupt") else e.what
-            log.add(e.file, e.column, what, "skip", None if e.row is None else np.array([e.row]))
-            cut.updates[u.key] = u.num_rows
 
 
 class ParquetLoader:
