@@ -7,9 +7,10 @@ Why a separate loop rather than ``opengem train``: the benchmarks need per-epoch
 validation split and the test metrics *of the best validation epoch* (early stopping, as BARS reports
 frappe), a peak-memory figure per model (one process per run), and results that do not move when the
 trainer grows distributed features. It still trains exactly as the trainer does: the same
-``build_model``, TorchRec DistributedModelParallel with the fused row-wise Adagrad on the tables
-(``opengem.train.optim``), AdamW + linear warm-up on the dense part, gradient clipping, ``masked_bce``
-with the schema's task weights, and the same ``ParquetLoader`` with shuffled row groups per epoch.
+``build_model``, the same step (``opengem.train.step``: precision, FP8 saved activations, ``masked_bce``
+with the schema's task weights, clipping, optimizer and schedule), TorchRec DistributedModelParallel with
+the fused row-wise Adagrad on the tables (``opengem.train.optim``), AdamW + linear warm-up on the dense
+part, and the same ``ParquetLoader`` with shuffled row groups (and ``data.shuffle_window``) per epoch.
 
 Early stopping: after every epoch the model is scored on ``--valid`` (mean AUC over surface x task
 keys; ties broken by lower loss) and on ``--test``; the reported test metrics are those of the epoch
@@ -107,16 +108,15 @@ def _score(res: dict[str, Any]) -> tuple[float, float]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from opengem.data.dataset import Dataset
     from opengem.data.loader import ParquetLoader
-    from opengem.model.heads import masked_bce
     from opengem.model.registry import build_model
     from opengem.train.config import load_run_config
     from opengem.train.optim import (
         apply_sparse_optimizer,
         build_dense_optimizer,
         build_scheduler,
-        clip_dense_gradients,
         dense_parameters,
     )
+    from opengem.train.step import forward_loss, optimizer_step
 
     cfg = load_run_config(args.config, args.overrides)
     t = cfg.train
@@ -149,6 +149,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         opt = build_dense_optimizer(dense, t)
         sched = build_scheduler(opt, t)
         weights = torch.tensor([x.weight for x in schema.tasks])
+        device = torch.device("cpu")
         epochs = args.epochs or t.epochs
         history, best, best_key, bad = [], None, None, 0
         step, examples, train_s, losses = 0, 0, 0.0, []
@@ -156,15 +157,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             model.train()
             t0 = time.perf_counter()
             for batch in loader(args.train, True, seed=t.seed + epoch):
-                out = model(batch)
-                loss = masked_bce(out.logits, batch.labels, batch.label_mask, weights)
+                loss = forward_loss(model, batch, weights, t, device)
                 if not torch.isfinite(loss):
                     raise RuntimeError(f"epoch {epoch} step {step}: loss {float(loss)}")
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                clip_dense_gradients(dense_list, t.grad_clip)
-                opt.step()
-                sched.step()
+                optimizer_step(loss, opt, sched, dense_list, t.grad_clip)
                 step += 1
                 examples += batch.batch_size
                 losses.append(float(loss.detach()))
