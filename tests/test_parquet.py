@@ -128,3 +128,21 @@ def test_data_error_keeps_its_fields_through_pickle():
     e = pickle.loads(pickle.dumps(DataError("f.parquet", "negative id", "ad_id", 7)))
     assert (e.file, e.column, e.row, e.what) == ("f.parquet", "ad_id", 7, "negative id")
     assert str(e) == "f.parquet: column 'ad_id', row 7: negative id"
+
+
+def test_columns_gather_equals_row_by_row_slices(schema):
+    """gather (the loader's row mixing) on jagged columns = concatenating one-row slices in that order."""
+    from opengem.data.parquet import Columns
+
+    rows = [_row(0), _row(1, user_interests=[], hist__item=[], hist__action=[], hist__dt=[]),
+            _row(2, hist__item=[9], hist__action=[4], hist__dt=[0.5]), _row(3)]
+    cols = Columns.from_arrow(_table(schema, rows), schema)
+    idx = np.array([2, 0, 3, 1, 2])
+    got = cols.gather(idx)
+    want = Columns.concat([cols.slice(i, i + 1) for i in idx])
+    assert got.n == want.n == 5 and got.rows.tolist() == want.rows.tolist() == [2, 0, 3, 1, 2]
+    for k in cols.scalars:
+        np.testing.assert_array_equal(got.scalars[k], want.scalars[k])
+    for k in cols.lists:
+        for a, b in zip(got.lists[k], want.lists[k], strict=True):
+            np.testing.assert_array_equal(a, b)

@@ -116,19 +116,6 @@ def _window_start(units: list[Unit], offsets: list[int], labels: np.ndarray) -> 
     return start, (int(bad[0]) if bad.size else None)
 
 
-def _gather(cols: Columns, idx: np.ndarray) -> Columns:
-    """Rows ``idx`` (integer indices, any order) of ``cols``."""
-    lists = {}
-    for k, (ln, v) in cols.lists.items():
-        starts = cols.offsets(k)[:-1][idx]
-        lengths = ln[idx]
-        first = np.zeros(len(idx), dtype=np.int64)
-        np.cumsum(lengths[:-1], out=first[1:])
-        lists[k] = (lengths, v[np.repeat(starts - first, lengths) + np.arange(int(lengths.sum()))])
-    return Columns(len(idx), {k: v[idx] for k, v in cols.scalars.items()},
-                   {k: v[idx] for k, v in cols.masks.items()}, lists, cols.rows[idx])
-
-
 class _Cutter:
     """Cuts batches of exactly ``size`` rows from a stream of pieces, with the offsets each one completes.
 
@@ -352,7 +339,7 @@ class _Stream(tud.IterableDataset):
                     continue
                 cols, pos = Columns.concat(parts), np.concatenate(where)
                 order = np.argsort(pos, kind="stable")
-                cols, pos = _gather(cols, order), pos[order]
+                cols, pos = cols.gather(order), pos[order]
                 yield from cut.feed(cols, lambda j, pos=pos: at(int(pos[j]) + 1))
         finally:
             for r in readers:

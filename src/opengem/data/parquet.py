@@ -468,6 +468,18 @@ class Columns:
         return Columns(int(keep.sum()), {k: v[keep] for k, v in self.scalars.items()},
                        {k: v[keep] for k, v in self.masks.items()}, lists, self.rows[keep])
 
+    def gather(self, idx: np.ndarray) -> Columns:
+        """Rows ``idx`` (integer indices, any order; the loader's row mixing reorders with it)."""
+        lists = {}
+        for k, (ln, v) in self.lists.items():
+            starts = self.offsets(k)[:-1][idx]
+            lengths = ln[idx]
+            first = np.zeros(len(idx), dtype=np.int64)
+            np.cumsum(lengths[:-1], out=first[1:])
+            lists[k] = (lengths, v[np.repeat(starts - first, lengths) + np.arange(int(lengths.sum()))])
+        return Columns(len(idx), {k: v[idx] for k, v in self.scalars.items()},
+                       {k: v[idx] for k, v in self.masks.items()}, lists, self.rows[idx])
+
     def slice(self, start: int, stop: int) -> Columns:
         stop = min(stop, self.n)
         if start == 0 and stop == self.n:
