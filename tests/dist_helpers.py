@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -17,12 +16,6 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny.toml"
 PY = sys.executable
 BASE = ["train.progress=false", "train.threads=1", "train.warmup_steps=3", "train.dist_timeout_s=120"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def aligned_dataset(src: Path, dst: Path, rows_per_group: int) -> Path:
@@ -58,8 +51,9 @@ def train_cmd(nproc: int, out: Path, data: Path, overrides: list[str], resume: b
         args.insert(0, "--resume")
     if nproc == 1:
         return [PY, "-m", "opengem.cli", "train", *args]
-    return [PY, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_addr", "127.0.0.1",
-            "--master_port", str(free_port()), "-m", "opengem.cli", "train", *args]
+    # --standalone: torchrun binds its rendezvous store to a free port itself (no pick-then-bind race)
+    return [PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+            "-m", "opengem.cli", "train", *args]
 
 
 def run_train(nproc: int, out: Path, data: Path, overrides: list[str], resume: bool = False,
