@@ -112,9 +112,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from opengem.train.config import load_run_config
     from opengem.train.optim import (
         apply_sparse_optimizer,
-        build_dense_optimizer,
-        build_scheduler,
-        dense_parameters,
+        build_optimizers,
     )
     from opengem.train.step import forward_loss, optimizer_step
 
@@ -144,10 +142,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         flops = int(plain.flops_per_example())
         apply_sparse_optimizer(plain, t)
         model = _dmp(plain, dist.group.WORLD)
-        dense = dense_parameters(model)
-        dense_list = list(dense.values())
-        opt = build_dense_optimizer(dense, t)
-        sched = build_scheduler(opt, t)
+        dense_list, opt, sched, _ = build_optimizers(model, t)
         weights = torch.tensor([x.weight for x in schema.tasks])
         device = torch.device("cpu")
         epochs = args.epochs or t.epochs

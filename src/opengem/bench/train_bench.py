@@ -30,7 +30,7 @@ from torch import nn
 from opengem.bench.machine import PeakMemory, load_average, matmul_peak, sync
 from opengem.model.flops import measured_flops, model_flops
 from opengem.train.config import RunConfig, TrainConfig
-from opengem.train.optim import build_dense_optimizer, build_scheduler, dense_parameters
+from opengem.train.optim import build_optimizers
 from opengem.train.step import forward_loss, optimizer_step
 
 CONVENTIONS = {
@@ -84,10 +84,7 @@ def bench_train(cfg: RunConfig, run_dir: str | Path, data_dir: str | Path | None
         mem.start()
         t0 = time.perf_counter()
         model, plain = build_run_model(ds.schema, cfg, device, pg)
-        dense = dense_parameters(model)
-        dense_list = list(dense.values())
-        opt = build_dense_optimizer(dense, t)
-        sched = build_scheduler(opt, t)
+        dense_list, opt, sched, _ = build_optimizers(model, t)
         weights = task_weights(ds.schema, device)
         try:
             first = next(loader).to(device)

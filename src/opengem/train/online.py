@@ -117,11 +117,7 @@ def train_online(cfg: RunConfig, run_dir: str | Path, data_dir: str | Path | Non
     from opengem.config import save_config
     from opengem.data.loader import ParquetLoader
     from opengem.train.evaluate import evaluate_model
-    from opengem.train.optim import (
-        build_dense_optimizer,
-        build_scheduler,
-        dense_parameters,
-    )
+    from opengem.train.optim import build_optimizers
     from opengem.train.startup import StartupTimer
     from opengem.train.step import forward_loss, optimizer_step
     from opengem.train.trainer import (
@@ -156,11 +152,7 @@ def train_online(cfg: RunConfig, run_dir: str | Path, data_dir: str | Path | Non
             compile_info = prepare_compile(cfg)
             save_config(cfg, run_dir / "config.toml")
             model, _ = build_run_model(schema, cfg, device, pg, timer)
-            dense = dense_parameters(model)
-            dense_list = list(dense.values())
-            opt = build_dense_optimizer(dense, t)
-            sched = build_scheduler(opt, t)
-            fused = getattr(model, "fused_optimizer", None)
+            dense_list, opt, sched, fused = build_optimizers(model, t)
             weights = task_weights(schema, device)
             log = RunLog(run_dir)
 

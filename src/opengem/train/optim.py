@@ -10,6 +10,7 @@ Everything else (dense) gets AdamW with linear warm-up and optional cosine decay
 from __future__ import annotations
 
 import math
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -72,6 +73,24 @@ def lr_factor(step: int, cfg: TrainConfig) -> float:
 
 def build_scheduler(opt: torch.optim.Optimizer, cfg: TrainConfig) -> torch.optim.lr_scheduler.LambdaLR:
     return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, cfg))
+
+
+class Optimizers(NamedTuple):
+    """What a training step and a checkpoint need, built one way for the trainer, online training and
+    the benchmarks: the dense parameters (those no fused optimizer owns), AdamW on them, its schedule,
+    and TorchRec's fused sparse optimizer (None when the model has no sharded tables)."""
+
+    dense: list[nn.Parameter]
+    dense_opt: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    sparse: Any
+
+
+def build_optimizers(model: nn.Module, cfg: TrainConfig) -> Optimizers:
+    dense = dense_parameters(model)
+    opt = build_dense_optimizer(dense, cfg)
+    fused = getattr(model, "fused_optimizer", None)
+    return Optimizers(list(dense.values()), opt, build_scheduler(opt, cfg), fused)
 
 
 def clip_dense_gradients(params: list[nn.Parameter], max_norm: float) -> float:

@@ -36,9 +36,7 @@ from opengem.train.compile import compile_counters
 from opengem.train.config import DataConfig, RunConfig, TrainConfig
 from opengem.train.optim import (
     apply_sparse_optimizer,
-    build_dense_optimizer,
-    build_scheduler,
-    dense_parameters,
+    build_optimizers,
 )
 from opengem.train.parallelize import full_state, init_from_full, parallelize, shard_tables, table_names
 from opengem.train.startup import StartupTimer
@@ -225,11 +223,7 @@ def train(cfg: RunConfig, run_dir: str | Path, data_dir: str | Path | None = Non
         if is_main:
             save_config(cfg, run_dir / "config.toml")
         model, plain = build_run_model(schema, cfg, device, pg, timer)
-        dense = dense_parameters(model)
-        dense_list = list(dense.values())
-        opt = build_dense_optimizer(dense, t)
-        sched = build_scheduler(opt, t)
-        fused = getattr(model, "fused_optimizer", None)
+        dense_list, opt, sched, fused = build_optimizers(model, t)
         grad_scale = float(getattr(model, "parallel_info", {}).get("dense_grad_scale", 1))
         resumed = None
         start_step, start_epoch, start_examples, first_loss_saved, loader_state = 0, 0, 0, None, None
