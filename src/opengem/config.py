@@ -16,11 +16,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from opengem.data.schema import dumps_toml
+from opengem.errors import UsageError
 
 T = TypeVar("T")
 
 
-class ConfigError(ValueError):
+class ConfigError(UsageError, ValueError):
     """A config file or override that does not fit the config dataclass."""
 
 

@@ -16,12 +16,14 @@ from typing import Any
 
 import numpy as np
 
+from opengem.errors import OpengemError
+
 RUN_FILES = ("config.toml", "metrics.jsonl", "train_summary.json", "eval.json")
 SWEEP_FILES = ("scaling.csv", "fits.json", "scaling.png")
 PREDICTIONS = "predictions.parquet"  # optional: columns surface, task, p, y -> reliability curves
 
 
-class ReportError(ValueError):
+class ReportError(OpengemError, ValueError):
     pass
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from opengem.data.schema import FeatureSchema
+from opengem.errors import OpengemError
 
 TRUTH_DIR = "truth"
 
@@ -43,7 +44,7 @@ def arrow_schema(schema: FeatureSchema) -> pa.Schema:
     return pa.schema(fields)
 
 
-class DatasetError(ValueError):
+class DatasetError(OpengemError, ValueError):
     pass
 
 

@@ -37,6 +37,7 @@ import pyarrow.parquet as pq
 
 from opengem.data.dataset import arrow_schema
 from opengem.data.schema import FeatureSchema
+from opengem.errors import OpengemError
 
 if TYPE_CHECKING:  # torch/torchrec are imported only when Batches are built: `opengem validate` skips them
     import torch
@@ -48,7 +49,7 @@ Jagged = tuple[np.ndarray, np.ndarray]  # (lengths [n], flat values)
 REPAIRS = ("hash", "clamp", "zero", "truncate")
 
 
-class DataError(ValueError):
+class DataError(OpengemError, ValueError):
     """Bad input data; the message names the file, column and row so the fix starts at the right place."""
 
     def __init__(self, file: str | Path, what: str, column: str | None = None, row: int | None = None):

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from opengem.errors import OpengemError
+
 POOLINGS = ("sum", "mean")
 OOV_POLICIES = ("error", "hash", "clamp", "skip")
 NAN_POLICIES = ("error", "zero", "skip")
@@ -29,7 +31,7 @@ SEQ_FIELD_KINDS = ("id", "dense")
 SEQ_SEP = "__"
 
 
-class SchemaError(ValueError):
+class SchemaError(OpengemError, ValueError):
     """A schema file or dict that does not describe a valid dataset."""
 
 

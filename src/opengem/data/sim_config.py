@@ -17,13 +17,14 @@ from opengem.data.schema import (
     SparseFeature,
     Task,
 )
+from opengem.errors import UsageError
 
 SURFACE_NAMES = ("feed", "stories", "video", "messaging", "search", "marketplace", "reels", "notifications")
 N_ACTIONS = 5  # 0 organic view, 1 organic engage, 2 ad impression, 3 ad click, 4 ad conversion
 START_TS = 1_700_006_400  # 2023-11-15 00:00:00 UTC
 
 
-class SimConfigError(ValueError):
+class SimConfigError(UsageError, ValueError):
     pass
 
 

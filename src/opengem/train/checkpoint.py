@@ -38,6 +38,8 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 
+from opengem.errors import OpengemError
+
 CHECKPOINTS = "checkpoints"
 FINAL = "final"
 META = "meta.json"
@@ -46,7 +48,7 @@ VERSION = 1
 TENSOR = "__tensor__"
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(OpengemError, RuntimeError):
     pass
 
 

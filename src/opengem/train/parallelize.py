@@ -37,6 +37,7 @@ from torchrec.distributed.sharding_plan import get_default_sharders
 from torchrec.distributed.types import ShardingEnv
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
+from opengem.errors import UsageError
 from opengem.train.config import SHARDINGS, TrainConfig
 from opengem.train.optim import embedding_modules
 
@@ -48,7 +49,7 @@ SHARDING_TYPES = {"auto": ["table_wise", "row_wise"], "table_wise": ["table_wise
                   "row_wise": ["row_wise"], "column_wise": ["column_wise"]}
 
 
-class ParallelizeError(RuntimeError):
+class ParallelizeError(UsageError, RuntimeError):
     pass
 
 

@@ -29,6 +29,7 @@ from torchrec.distributed import DistributedModelParallel
 from opengem.config import flatten_dict, save_config
 from opengem.data.dataset import Dataset
 from opengem.data.schema import FeatureSchema
+from opengem.errors import OpengemError
 from opengem.model.registry import build_model
 from opengem.train import checkpoint as ckpt
 from opengem.train import distributed
@@ -45,7 +46,7 @@ from opengem.train.step import forward_loss, optimizer_step
 SIM_MARKER = ".opengem_sim_config.json"
 
 
-class TrainError(RuntimeError):
+class TrainError(OpengemError, RuntimeError):
     pass
 
 

@@ -22,6 +22,8 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
+from opengem.errors import OpengemError
+
 VERSIONS = "versions"
 
 
@@ -33,7 +35,7 @@ class FMVersion:
     partitions: tuple[str, ...] = ()
 
 
-class VersionError(ValueError):
+class VersionError(OpengemError, ValueError):
     pass
 
 

@@ -21,11 +21,12 @@ import pyarrow.parquet as pq
 
 from opengem.data.dataset import arrow_schema
 from opengem.data.schema import FeatureSchema
+from opengem.errors import OpengemError
 
 SPLITS = ("train", "valid", "test")
 
 
-class AdapterError(ValueError):
+class AdapterError(OpengemError, ValueError):
     """Source files that do not look like the dataset the adapter was written for."""
 
 

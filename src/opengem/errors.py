@@ -1,0 +1,21 @@
+"""The errors a user can act on.
+
+Every module raises its own subclass (ConfigError, DataError, CheckpointError, ...); the ``opengem``
+command catches :class:`OpengemError` once, prints it as one line ``opengem <command>: error: ...`` and
+exits with its ``exit_code`` (2 for usage and configuration, 1 for data and runtime). The traceback is
+shown only under ``--debug``: a user's mistake is not a crash.
+"""
+
+from __future__ import annotations
+
+
+class OpengemError(Exception):
+    """A problem with the user's input, files or environment, stated in one line."""
+
+    exit_code = 1
+
+
+class UsageError(OpengemError):
+    """A command line or configuration that cannot work as given."""
+
+    exit_code = 2
