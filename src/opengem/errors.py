@@ -19,3 +19,7 @@ class UsageError(OpengemError):
     """A command line or configuration that cannot work as given."""
 
     exit_code = 2
+
+
+class DatasetError(OpengemError, ValueError):
+    """A dataset folder that is missing, incomplete, or whose partitions cannot be selected as asked."""

@@ -13,13 +13,13 @@ tokens ``@all``, ``@last`` and ``@all_but_last`` (time-ordered partitions sort b
 
 from __future__ import annotations
 
-import fnmatch
 from pathlib import Path
 
 import pyarrow as pa
 
 from opengem.data.schema import FeatureSchema
-from opengem.errors import OpengemError
+from opengem.data.splits import select_partitions
+from opengem.errors import DatasetError
 
 TRUTH_DIR = "truth"
 
@@ -42,10 +42,6 @@ def arrow_schema(schema: FeatureSchema) -> pa.Schema:
     for t in schema.tasks:
         fields.append(pa.field(t.label_column, pa.float32(), nullable=True))
     return pa.schema(fields)
-
-
-class DatasetError(OpengemError, ValueError):
-    pass
 
 
 class Dataset:
@@ -71,21 +67,7 @@ class Dataset:
         return parts
 
     def select(self, spec: str = "@all") -> list[str]:
-        parts = self.partitions()
-        chosen: list[str] = []
-        for token in [t.strip() for t in spec.split(",") if t.strip()]:
-            if token == "@all":
-                hits = parts
-            elif token == "@last":
-                hits = parts[-1:]
-            elif token == "@all_but_last":
-                hits = parts[:-1]
-            else:
-                hits = [p for p in parts if fnmatch.fnmatch(p, token)]
-            if not hits:
-                raise DatasetError(f"{self.root}: no partition matches {token!r} (have: {', '.join(parts)})")
-            chosen += [h for h in hits if h not in chosen]
-        return chosen
+        return select_partitions(self.root, self.partitions(), spec)
 
     def files(self, spec: str = "@all") -> list[Path]:
         out: list[Path] = []
