@@ -2,12 +2,12 @@
 
 import importlib.metadata as md
 
+import pytest
 import torch
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU machine legitimately has CUDA packages")
 def test_no_cuda_packages_on_a_cpu_install():
-    if torch.cuda.is_available():  # a GPU machine legitimately has CUDA packages
-        return
     names = {d.metadata["Name"].lower() for d in md.distributions()}
     assert "fbgemm-gpu" not in names, "the CUDA fbgemm-gpu was installed (torchrec pulled with deps?)"
     assert not [n for n in names if n.startswith("nvidia-")], "nvidia-* CUDA wheels are installed"
