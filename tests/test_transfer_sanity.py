@@ -12,13 +12,11 @@ import json
 import numpy as np
 import pytest
 
-from opengem.transfer.experiment import (
-    SeedRun,
-    aggregate,
-    arm_configs,
-    load_experiment_config,
-    run_experiment,
-)
+from opengem.transfer.aggregate import aggregate
+from opengem.transfer.arms import arm_configs
+from opengem.transfer.experiment import run_experiment
+from opengem.transfer.experiment_config import load_experiment_config
+from opengem.transfer.seed_run import SeedRun
 from opengem.transfer.vm_train import clone_arm
 
 pytestmark = pytest.mark.slow

@@ -60,7 +60,6 @@ class ArmConfig:
     share_lr_scale: float = 0.1  # lr multiplier of shared components for "lowlr"
     share_sequence_encoder: bool = False  # also run the FM's sequence encoder (copied) inside the VM
     share_encoder_mode: str = "frozen"  # frozen | lowlr (share_lr_scale): the copied FM history path
-    teacher: str = "fm"  # fm | domain (hierarchical)
 
     @property
     def distils(self) -> bool:

@@ -1,0 +1,70 @@
+"""From per-seed predictions to the experiment's numbers: NE, TR, R with CIs, AUC, calibration per key."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from opengem.metrics import auc, calibration
+from opengem.transfer.experiment_config import ExperimentConfig
+from opengem.transfer.preds import align_rows, sigmoid
+from opengem.transfer.results import ne_of, ratio, summarize_key
+
+
+def key_data(
+    seed_res: dict[str, Any], arms: list[str], sname: str, t: int
+) -> dict[str, dict[str, np.ndarray]]:
+    """Per arm p/y on the rows every arm, the FM, and the label mask agree on (one surface x task)."""
+    r = seed_res[sname]
+    base = r["baseline"]
+    ids = base["example_id"]
+    fm_ok = r["fm"]["available"][:, t]
+    keep = base["mask"][:, t] & fm_ok
+    out = {}
+    for a in arms:
+        pa_ = r[a]
+        pos = align_rows(ids, pa_["example_id"])
+        out[a] = {"p": sigmoid(pa_["logits"][pos, t])[keep], "y": base["labels"][keep, t].astype(np.float64)}
+    out["fm"] = {"p": sigmoid(np.nan_to_num(r["fm"]["logits"][:, t]))[keep], "y": out["baseline"]["y"]}
+    if "hierarchical" in arms:
+        h = r["hierarchical"]
+        pos = align_rows(ids, h["example_id"])
+        out["domain_fm"] = {"p": sigmoid(h["domain_logits"][pos, t])[keep], "y": out["baseline"]["y"]}
+    return out
+
+
+def aggregate(per_seed: list[dict[str, Any]], arms: list[str], cfg: ExperimentConfig) -> dict[str, Any]:
+    first = per_seed[0]
+    out: dict[str, Any] = {"arms": {a: {} for a in arms}, "fm": {}, "hierarchical": {}}
+    for sname, r in first.items():
+        for t, task in enumerate(r["tasks"]):
+            key = f"{sname}/{task}"
+            data = [key_data(sr, arms, sname, t) for sr in per_seed]
+            if any(
+                len(d["baseline"]["y"]) == 0 or d["baseline"]["y"].min() == d["baseline"]["y"].max()
+                for d in data
+            ):
+                continue
+            stats = summarize_key(data, arms, "baseline", "kd", cfg.bootstrap)
+            out["fm"][key] = stats.pop("fm")
+            for a in arms:
+                m = stats[a]
+                m["auc"] = float(np.mean([auc(d[a]["p"], d[a]["y"]) for d in data]))
+                m["calibration"] = float(np.mean([calibration(d[a]["p"], d[a]["y"]) for d in data]))
+                m["rows"] = int(sum(len(d[a]["y"]) for d in data))
+                out["arms"][a][key] = m
+            if "hierarchical" in arms:
+                ne_dom = float(np.mean([ne_of(d["domain_fm"]["p"], d["domain_fm"]["y"]) for d in data]))
+                ne_fm, ne_b = out["fm"][key]["ne"], out["arms"]["baseline"][key]["ne"]
+                ne_vm = out["arms"]["hierarchical"][key]["ne"]
+                out["hierarchical"][key] = {
+                    "fm_ne": ne_fm,
+                    "domain_fm_ne": ne_dom,
+                    "vm_ne": ne_vm,
+                    "baseline_vm_ne": ne_b,
+                    "hop1_fm_to_domain_ne_change": ne_dom - ne_fm,
+                    "hop2_domain_to_vm_tr": ratio(ne_b - ne_vm, ne_b - ne_dom),
+                    "end_to_end_tr": ratio(ne_b - ne_vm, ne_b - ne_fm),
+                }
+    return out

@@ -1,0 +1,102 @@
+"""The transfer experiment's config: data source, arms, KD grid, auxiliary head, sharing, hierarchy."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from opengem.config import ConfigError, load_config
+from opengem.model.registry import ModelConfig
+from opengem.train.config import RunConfig, TrainConfig
+from opengem.transfer.adapter import AdapterConfig
+from opengem.transfer.vertical import VMConfig, VMSchemaConfig
+
+ALL_ARMS = ("baseline", "kd", "aux_head", "student_adapter", "fm_embeddings", "param_sharing", "hierarchical")
+
+
+@dataclass
+class DataSource:
+    kind: str = "sim"  # sim | dataset
+    sim: dict[str, Any] = field(default_factory=dict)  # SimConfig overrides (seed comes from seeds)
+    path: str = ""  # kind = dataset: a converted canonical dataset
+    repartition_days: bool = False  # cut a dataset into day=NNN windows by its time column
+    ts_per_day: int = 86400  # time-column units per day (86_400_000 for milliseconds)
+    day_offset: int = 0  # added to ts before cutting days (e.g. UTC+8 midnights)
+    last_days: int = 0  # keep only the last N days (0 = all)
+    row_fraction: float = 1.0  # keep this fraction of rows (hash of example_id), for modest runs
+
+
+@dataclass
+class KDConfig:
+    grid: list[list[float]] = field(default_factory=lambda: [[0.5, 1.0], [1.0, 1.0], [1.0, 2.0], [2.0, 1.0]])
+    mse_weight: float = 0.0
+
+
+@dataclass
+class AuxConfig:
+    grad_scale: float = 1.0
+    label_scale: float = 1.0
+    weight_scale: float = 1.0  # aux loss weight = tuned KD weight x this
+
+
+@dataclass
+class SharingConfig:
+    mode: str = "lowlr"  # init | lowlr | frozen
+    lr_scale: float = 0.1
+    sequence_encoder: bool = True  # also share the FM's sequence encoder (its serving FLOPs are counted)
+    encoder_mode: str = "frozen"  # frozen | lowlr (at lr_scale)
+
+
+@dataclass
+class HierConfig:
+    groups: list[list[str]] = field(default_factory=list)  # surface groups; [] = all surfaces in one domain
+    model: ModelConfig = field(default_factory=lambda: ModelConfig(name="dcnv2"))
+    schema: VMSchemaConfig = field(default_factory=VMSchemaConfig)
+
+
+@dataclass
+class ExperimentConfig:
+    data: DataSource = field(default_factory=DataSource)
+    fm: RunConfig = field(default_factory=RunConfig)
+    vm: VMConfig = field(default_factory=VMConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)  # VM optimisers (steps/epochs unused)
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    surfaces: list[str] = field(default_factory=list)  # VM surfaces ([] = all)
+    lag: int = 1  # default staleness (versions behind the freshest allowed one)
+    staleness: list[int] = field(default_factory=lambda: [0, 1, 2, 4])  # sweep ([] = none)
+    sweep_arms: list[str] = field(
+        default_factory=lambda: ["kd", "aux_head", "student_adapter", "fm_embeddings"]
+    )
+    surface_bias: list[float] = field(default_factory=list)
+    arms: list[str] = field(default_factory=lambda: list(ALL_ARMS))
+    batch_size: int = 256
+    epochs_per_window: int = 1
+    fm_embeddings: list[str] = field(default_factory=lambda: ["user", "ad"])
+    kd: KDConfig = field(default_factory=KDConfig)
+    aux: AuxConfig = field(default_factory=AuxConfig)
+    adapter: AdapterConfig = field(default_factory=AdapterConfig)
+    sharing: SharingConfig = field(default_factory=SharingConfig)
+    hierarchical: HierConfig = field(default_factory=HierConfig)
+    bootstrap: int = 200
+    generate_batch_size: int = 1024
+    threads: int = 1
+
+    def validate(self) -> None:
+        bad = [a for a in self.arms if a not in ALL_ARMS]
+        if bad:
+            raise ConfigError(f"arms: unknown {bad} (known: {ALL_ARMS})")
+        if "baseline" not in self.arms or ("kd" not in self.arms and len(self.arms) > 1):
+            raise ConfigError("arms: 'baseline' and 'kd' are required (TR and R are relative to them)")
+        if not self.kd.grid or any(len(g) not in (2, 3) for g in self.kd.grid):
+            raise ConfigError("kd.grid: a list of [weight, temperature] or [weight, temperature, mse]")
+        if self.lag < 0 or any(s < 0 for s in self.staleness):
+            raise ConfigError("lag / staleness: must be >= 0")
+        if self.sharing.mode not in ("init", "lowlr", "frozen"):
+            raise ConfigError(f"sharing.mode: init | lowlr | frozen, got {self.sharing.mode!r}")
+
+
+def load_experiment_config(path: str | Path | None, overrides: list[str] | None = None) -> ExperimentConfig:
+    cfg = load_config(ExperimentConfig, path, overrides)
+    cfg.validate()
+    return cfg
