@@ -27,6 +27,7 @@ import pyarrow.parquet as pq
 import torch
 from torch import nn
 
+from opengem.config import ConfigError
 from opengem.data.batch import Batch
 from opengem.data.dataset import Dataset
 from opengem.data.schema import DenseFeature, FeatureSchema, SequenceGroup, Task
@@ -222,18 +223,14 @@ class VerticalModel(nn.Module):
         return int(self.base.flops_per_example(seq_len)) + int(extra)
 
 
-def check_budget(model: VerticalModel, budget: int, what: str = "vm") -> int:
-    flops = model.flops_per_example()
+def check_budget(flops: int, budget: int, what: str = "the VM") -> int:
+    """``flops`` when it fits ``vm.flops_budget`` (0 = unchecked), else a ConfigError naming ``what``."""
     if budget and flops > budget:
-        raise ValueError(
-            f"{what}.flops_budget: the VM needs {flops:,} FLOPs/example, over the budget "
+        raise ConfigError(
+            f"vm.flops_budget: {what} needs {flops:,} FLOPs/example, over the budget "
             f"{budget:,} (shrink [vm.model] widths or raise the budget)"
         )
     return flops
-
-
-def vm_tasks_index(fm: FeatureSchema, vm: FeatureSchema) -> list[int]:
-    return [fm.task_names.index(t) for t in vm.task_names]
 
 
 def to_numpy(x: torch.Tensor) -> np.ndarray:
