@@ -82,3 +82,18 @@ def test_accumulator_rejects_bad_shapes():
     with pytest.raises(ValueError, match="surface index"):
         acc.update(torch.zeros(3, 1), torch.zeros(3, 1), torch.ones(3, 1, dtype=torch.bool),
                    torch.tensor([0, 1, 0]))
+
+
+def test_accumulator_state_merge_equals_one_accumulator():
+    """Gathering across ranks goes through state()/merge(), never the private fields."""
+    g = torch.Generator().manual_seed(0)
+    p, y = torch.rand(40, 2, generator=g), (torch.rand(40, 2, generator=g) < 0.4).float()
+    m, s = torch.rand(40, 2, generator=g) < 0.8, torch.randint(0, 3, (40,), generator=g)
+    whole = MetricAccumulator(["a", "b", "c"], ["click", "conv"])
+    whole.update(p, y, m, s)
+    left, right = MetricAccumulator(["a", "b", "c"], ["click", "conv"]), MetricAccumulator(
+        ["a", "b", "c"], ["click", "conv"])
+    left.update(p[:25], y[:25], m[:25], s[:25])
+    right.update(p[25:], y[25:], m[25:], s[25:])
+    left.merge(right.state())
+    assert left.compute() == whole.compute()

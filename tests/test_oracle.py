@@ -85,3 +85,13 @@ def test_mismatched_truth_is_a_clear_error(sim, tmp_path):
     tf.unlink()
     with pytest.raises(DatasetError, match="no truth file"):
         oracle_ne(bad)
+
+
+def test_pooled_by_task_sums_surfaces():
+    acc, both = NEAccumulator(), NEAccumulator()
+    rng = np.random.default_rng(0)
+    for surface in ("feed", "video"):
+        p, y = rng.uniform(0.05, 0.95, 50), (rng.uniform(size=50) < 0.3).astype(np.float64)
+        acc.update(f"{surface}/click", p, y)
+        both.update("all/click", p, y)
+    assert acc.pooled_by_task().results() == pytest.approx(both.results())

@@ -128,6 +128,16 @@ class MetricAccumulator:
                     self._p.setdefault((int(si), ti), []).append(p[sel, ti])
                     self._y.setdefault((int(si), ti), []).append(y[sel, ti])
 
+    def state(self) -> dict[tuple[int, int], tuple[list[np.ndarray], list[np.ndarray]]]:
+        """What was collected, per (surface, task): picklable, for gathering across ranks."""
+        return {k: (self._p[k], self._y[k]) for k in self._p}
+
+    def merge(self, state: dict[tuple[int, int], tuple[list[np.ndarray], list[np.ndarray]]]) -> None:
+        """Add another accumulator's :meth:`state` (e.g. another rank's) after this one's pairs."""
+        for k, (ps, ys) in state.items():
+            self._p.setdefault(k, []).extend(ps)
+            self._y.setdefault(k, []).extend(ys)
+
     def compute(self) -> dict[str, dict[str, Any]]:
         out: dict[str, dict[str, Any]] = {}
         for ti, task in enumerate(self.tasks):

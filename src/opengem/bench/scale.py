@@ -126,18 +126,9 @@ def size_overrides(fam: FamilySweep) -> list[list[str]]:
 def oracle_with_totals(data_path: Path, spec: str) -> dict[str, float]:
     """Oracle NE per surface/task plus ``all/<task>`` (pooled over surfaces, as the evaluator pools)."""
     from opengem.data.oracle import accumulate
-    from opengem.metrics import entropy
 
     acc = accumulate(data_path, spec)
-    out = acc.results()
-    pooled: dict[str, np.ndarray] = {}
-    for key, sums in acc._sums.items():  # [count, positives, log loss sum, sum p]; no public pooled view
-        task = key.split("/", 1)[1]
-        pooled[task] = pooled.get(task, np.zeros(4)) + sums
-    for task, (n, pos, ll, _) in pooled.items():
-        h = entropy(pos / n) if n else 0.0
-        out[f"all/{task}"] = float(ll / n / h) if h > 0 else float("nan")
-    return out
+    return {**acc.results(), **acc.pooled_by_task().results()}
 
 
 def select_ne(metrics: dict[str, dict[str, Any]], keys: list[str]) -> float:

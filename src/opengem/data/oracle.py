@@ -79,6 +79,15 @@ class NEAccumulator:
     def results(self) -> dict[str, float]:
         return {k: self.ne(k) for k in sorted(self._sums)}
 
+    def pooled_by_task(self) -> NEAccumulator:
+        """``all/<task>`` keys summed over surfaces (pooled as the evaluator pools)."""
+        out = NEAccumulator()
+        for key, sums in self._sums.items():
+            task = key.split("/", 1)[1]
+            out._sums.setdefault(f"all/{task}", np.zeros(4))
+            out._sums[f"all/{task}"] += sums
+        return out
+
     def table(self) -> list[dict[str, float | int | str]]:
         return [
             {"key": k, "rows": self.count(k), "rate": self.rate(k), "mean_p": self.mean_p(k),
