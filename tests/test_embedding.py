@@ -5,6 +5,7 @@ import torch
 
 from opengem.data.random_batch import random_batch
 from opengem.data.schema import FeatureSchema
+from opengem.data.sim_config import SimConfig, sim_schema
 from opengem.model.embedding import EmbeddingConfig, FeatureEmbedding
 
 TINY = Path(__file__).resolve().parents[1] / "configs" / "schemas" / "tiny.toml"
@@ -157,8 +158,6 @@ def test_bad_input_raises_clear_errors(schema):
 
 
 def test_init_scale_sets_table_range_and_auto_target_skips_multi_valued():
-    from opengem.data.sim_config import SimConfig, sim_schema
-
     schema = sim_schema(SimConfig(users=5000, ads=400, topics=20, seq_max=8, seq_mean=4.0))
     default = _tables(FeatureEmbedding(schema, EmbeddingConfig(d=16)))
     scaled = _tables(FeatureEmbedding(schema, EmbeddingConfig(d=16, init_scale=1.0)))

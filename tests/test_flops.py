@@ -2,6 +2,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.utils import flop_counter as flop_counter_module
 from torch.utils.flop_counter import FlopCounterMode
 
 from opengem.data.batch import SequenceBatch
@@ -9,7 +10,14 @@ from opengem.data.random_batch import random_batch
 from opengem.data.schema import FeatureSchema
 from opengem.model.baselines import DCNv2Config, DINConfig, DLRMConfig
 from opengem.model.embedding import EmbeddingConfig
-from opengem.model.flops import attention_flops, linear_flops, measured_flops, mlp_flops, model_flops
+from opengem.model.flops import (
+    attention_flops,
+    flop_counter,
+    linear_flops,
+    measured_flops,
+    mlp_flops,
+    model_flops,
+)
 from opengem.model.heads import HeadConfig
 from opengem.model.registry import ModelConfig, build_model
 
@@ -47,6 +55,21 @@ def test_formula_helpers_match_flop_counter():
     with FlopCounterMode(display=False) as c:
         torch.softmax(q @ k.transpose(-1, -2), -1) @ v
     assert c.get_total_flops() == 2 * attention_flops(5, 9, 4, heads=3)
+
+
+def test_flop_counter_counts_cpu_attention_without_touching_torchs_registry():
+    """The CPU flash-attention formula lives in one counter, not in torch's global registry (no import side
+    effect: this module imported every model module through ``build_model``)."""
+    sdpa = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    assert sdpa not in flop_counter_module.flop_registry
+    q, k, v = torch.randn(2, 3, 5, 4), torch.randn(2, 3, 9, 4), torch.randn(2, 3, 9, 4)
+    with flop_counter() as c:
+        torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    assert c.get_total_flops() == 2 * attention_flops(5, 9, 4, heads=3)
+    with FlopCounterMode(display=False) as plain:
+        torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    assert plain.get_total_flops() == 0
+    assert sdpa not in flop_counter_module.flop_registry
 
 
 CONFIGS = {

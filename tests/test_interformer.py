@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
+from opengem.model.flops import flop_counter
 from opengem.model.interformer import CrossArch, InterFormer, InterFormerConfig, SequenceArch
 from opengem.model.wukong import WukongConfig
 
@@ -80,7 +80,7 @@ def test_flops_match_counter():
     cfg = InterFormerConfig(num_layers=2)
     model = InterFormer(6, D, WukongConfig(n_fm=4, n_lin=2, k=2, cross_layer_attention=True), cfg)
     s, mask = _seq([20, 20], 20)
-    with torch.no_grad(), FlopCounterMode(display=False) as fc:
+    with torch.no_grad(), flop_counter() as fc:
         model(torch.randn(2, 6, D), s, mask)
     measured = fc.get_total_flops() / 2
     assert abs(model.flops(20) - measured) / measured < 0.01

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils.flop_counter import FlopCounterMode
 
+from opengem.model.flops import flop_counter
 from opengem.model.wukong import WukongConfig, WukongLayer, WukongStack, layer_token_counts
 
 
@@ -97,7 +97,7 @@ def test_flops_match_counter(attentive, cla):
     cfg = WukongConfig(num_layers=3, n_fm=4, n_lin=3, k=3, mlp_dims=[32, 16], pyramid=[7, 5, 4],
                        input_attentive_y=attentive, cross_layer_attention=cla)
     stack = WukongStack(9, 8, cfg)
-    with torch.no_grad(), FlopCounterMode(display=False) as fc:
+    with torch.no_grad(), flop_counter() as fc:
         stack(torch.randn(4, 9, 8))
     measured = fc.get_total_flops() / 4
     assert abs(stack.flops() - measured) / measured < 0.01

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from opengem.ops.jagged import jagged_to_padded, lengths_to_offsets, padding_mask
+
 
 @dataclass
 class SequenceBatch:
@@ -22,7 +24,7 @@ class SequenceBatch:
 
     @property
     def offsets(self) -> torch.Tensor:
-        return torch.ops.fbgemm.asynchronous_complete_cumsum(self.lengths)
+        return lengths_to_offsets(self.lengths)
 
     @property
     def max_len(self) -> int:
@@ -41,14 +43,12 @@ class SequenceBatch:
         L = self.max_len if max_len is None else max_len
         if self.lengths.numel() and int(self.lengths.max()) > L:
             raise ValueError(f"padded: a row has {int(self.lengths.max())} events, more than {L}")
-        out = torch.full((self.lengths.shape[0], L), pad_value, dtype=values.dtype, device=values.device)
-        out[self.mask(L)] = values
-        return out
+        return jagged_to_padded(values, self.lengths, L, pad_value)[0]
 
     def mask(self, max_len: int | None = None) -> torch.Tensor:
         """[B, L] bool, True where an event exists."""
         L = self.max_len if max_len is None else max_len
-        return torch.arange(L, device=self.lengths.device)[None, :] < self.lengths[:, None]
+        return padding_mask(self.lengths, L)
 
 
 @dataclass

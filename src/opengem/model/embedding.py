@@ -18,7 +18,7 @@ the group reaches d and the concat is projected to d (Wukong's treatment of smal
 target features, which always keep a token of their own so that ``target`` is the ad's alone.
 
 Sequence groups: per event concat(id-field embeddings, dense fields) -> Linear -> d on the jagged
-values, then padded with ``fbgemm.jagged_to_padded_dense`` (zeros where masked). Nothing in forward
+values, then padded with ``opengem.ops.jagged.jagged_to_padded`` (zeros where masked). Nothing in forward
 assigns into a tensor in place (TorchRec's train pipeline FX-traces the model).
 """
 
@@ -36,6 +36,7 @@ from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor
 from opengem.data.batch import Batch
 from opengem.data.schema import SEQ_SEP, FeatureSchema
 from opengem.model.flops import linear_flops, mlp_flops
+from opengem.ops.jagged import jagged_to_padded
 
 
 @dataclass
@@ -310,9 +311,7 @@ class FeatureEmbedding(nn.Module):
             parts = parts[:-k] + [self.seq_dense_bn[group](torch.cat(parts[-k:], dim=1))]
         flat = self.seq_proj[group](torch.cat(parts, dim=1))
         L = g.max_len if self.cfg.pad_to_max_len else max(int(lengths.max()) if lengths.numel() else 0, 1)
-        offsets = torch.ops.fbgemm.asynchronous_complete_cumsum(lengths)
-        values = torch.ops.fbgemm.jagged_to_padded_dense(flat, [offsets], [L], 0.0)
-        mask = torch.arange(L, device=lengths.device)[None, :] < lengths[:, None]
+        values, mask = jagged_to_padded(flat, lengths, L)
         return SequenceTokens(values=values, mask=mask, lengths=lengths)
 
     # ------------------------------------------------------------------ accounting

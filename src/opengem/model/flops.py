@@ -8,6 +8,10 @@ FLOPs analytically (``flops_per_example``) and tests hold that number to what
   elementwise ops are ignored (FlopCounterMode ignores them too);
 - embedding lookups (EmbeddingBag / Embedding gathers) count **0 FLOPs**: they move memory, they do
   no arithmetic, and FlopCounterMode does not count them either.
+
+Measure with :func:`flop_counter`, not a bare ``FlopCounterMode()``: it adds the formulas that
+``opengem.ops`` declares for kernels torch does not count (the CPU flash-attention kernel), scoped to that
+one counter; nothing changes torch's global FLOP registry.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from typing import TYPE_CHECKING
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
+
+from opengem.ops import flop_formulas
 
 if TYPE_CHECKING:
     from opengem.data.batch import Batch
@@ -50,8 +56,13 @@ def model_flops(model: torch.nn.Module, seq_len: int | None = None) -> int:
     return int(fn(seq_len))
 
 
+def flop_counter(display: bool = False) -> FlopCounterMode:
+    """FlopCounterMode that also counts opengem's ops on every backend (their formulas, this counter only)."""
+    return FlopCounterMode(display=display, custom_mapping=flop_formulas())
+
+
 def measured_flops(model: torch.nn.Module, batch: Batch) -> float:
-    """Forward FLOPs per example as counted by FlopCounterMode on ``batch`` (no autograd)."""
-    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+    """Forward FLOPs per example as counted by :func:`flop_counter` on ``batch`` (no autograd)."""
+    with torch.no_grad(), flop_counter() as counter:
         model(batch)
     return counter.get_total_flops() / max(batch.batch_size, 1)

@@ -26,8 +26,9 @@ from opengem.model.embedding import EmbeddedFeatures, EmbeddingConfig, FeatureEm
 from opengem.model.heads import HeadConfig, MultiSurfaceHead
 from opengem.model.interformer import InterFormer, InterFormerConfig
 from opengem.model.output import ModelOutput
-from opengem.model.sequence import SequenceEncoder, SequenceEncoderConfig, compact, zero_padding
+from opengem.model.sequence import SequenceEncoder, SequenceEncoderConfig
 from opengem.model.wukong import WukongConfig, WukongStack
+from opengem.ops.jagged import compact, zero_padding
 
 
 @dataclass

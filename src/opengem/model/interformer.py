@@ -22,8 +22,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from opengem.model.sequence import MultiHeadAttention, ensure_nonempty, gather_last, zero_padding
+from opengem.model.sequence import MultiHeadAttention, PooledAttention
 from opengem.model.wukong import CrossLayerAttention, WukongConfig, WukongLayer, layer_token_counts
+from opengem.ops.jagged import ensure_nonempty, gather_last, zero_padding
 
 
 @dataclass
@@ -83,7 +84,7 @@ class CrossArch(nn.Module):
         self.cfg = cfg
         self.compress = TokenCompress(n_x, cfg.n_cls, d, cfg.gate)
         self.seeds = nn.Parameter(torch.randn(cfg.n_pma, d) * 0.02)
-        self.pma = MultiHeadAttention(d, cfg.num_heads) if cfg.n_pma else None
+        self.pma = PooledAttention(d, cfg.num_heads) if cfg.n_pma else None
         self.gate_s = Gate(d, cfg.gate)
         self.n_s = cfg.n_cls + cfg.n_pma + cfg.n_recent
 
@@ -96,7 +97,7 @@ class CrossArch(nn.Module):
         if self.pma is not None:
             # an add, not expand(): a no-grad view of a parameter breaks FlopCounterMode's module hooks
             seeds = s.new_zeros(s.shape[0], 1, 1) + self.seeds
-            parts.append(self.pma(seeds, s, mask))
+            parts.append(self.pma(seeds, s, mask)[0])  # always valid: the CLS keys are real
         if cfg.n_recent:
             parts.append(gather_last(s, mask.sum(1), cfg.n_recent)[0])
         return x_sum, self.gate_s(torch.cat(parts, dim=1))

@@ -1,4 +1,4 @@
-"""Long-sequence encoder and the attention primitives every GEM block shares.
+"""Long-sequence encoder and the attention modules every GEM block shares (their math: ``opengem.ops``).
 
 GEM's "pyramid-parallel" long-sequence module is unpublished beyond its name. ``kind="pyramid"`` is OUR
 reconstruction: at each level three parallel branches read the (jagged, right-padded + mask) sequence
@@ -27,83 +27,15 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils import flop_counter
 
-_aten = torch.ops.aten
+from opengem.ops.attention import masked_attention, pooled_attention, rope
+from opengem.ops.jagged import compact, ensure_nonempty, gather_last, zero_padding
 
-
-def _register_cpu_sdpa_flops() -> None:
-    """FlopCounterMode knows the CUDA SDPA kernels but not the CPU flash kernel: teach it the same formula."""
-    op = getattr(_aten, "_scaled_dot_product_flash_attention_for_cpu", None)
-    if op is None or op in flop_counter.flop_registry or op.default in flop_counter.flop_registry:
-        return
-
-    @flop_counter.register_flop_formula(op)
-    def _cpu_flash_flop(query, key, value, *args, out_shape=None, **kwargs) -> int:  # noqa: ANN001
-        return flop_counter.sdpa_flop_count(query, key, value)  # shapes (get_raw=False)
-
-
-_register_cpu_sdpa_flops()
-
-
-# --------------------------------------------------------------------------- jagged helpers
-
-
-def safe_key_mask(mask: torch.Tensor) -> torch.Tensor:
-    """Key mask where an empty row may attend to its first (zeroed) slot instead of producing NaN."""
-    first = torch.arange(mask.shape[-1], device=mask.device) == 0  # functional: no in-place writes (FX)
-    return mask | (first & ~mask.any(dim=-1, keepdim=True))
-
-
-def zero_padding(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return values * mask.unsqueeze(-1).to(values.dtype)
-
-
-def ensure_nonempty(values: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pad a batch whose padded length is 0 to one (masked) slot, so attention always has a key."""
-    if values.shape[1] > 0:
-        return values, mask
-    return F.pad(values, (0, 0, 0, 1)), F.pad(mask, (0, 1), value=False)
-
-
-def gather_last(values: torch.Tensor, lengths: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Exactly ``k`` slots: the last k real events of each right-padded row, oldest first, right-padded.
-
-    Needs at least one padded slot (see ``ensure_nonempty``); slots past a short row are masked and zero.
-    """
-    B, L, d = values.shape
-    ar = torch.arange(k, device=values.device)
-    idx = ((lengths - k).clamp(min=0)[:, None] + ar[None, :]).clamp(max=L - 1)
-    mask = ar[None, :] < lengths.clamp(max=k)[:, None]
-    out = torch.gather(values, 1, idx.unsqueeze(-1).expand(B, k, d))
-    return zero_padding(out, mask), mask
-
-
-def compact(values: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Move each row's real tokens to the front, keeping their order (the right-padded convention)."""
-    order = torch.argsort((~mask).to(torch.int8), dim=1, stable=True)
-    values = torch.gather(values, 1, order.unsqueeze(-1).expand_as(values))
-    mask = torch.gather(mask, 1, order)
-    return zero_padding(values, mask), mask
-
-
-# --------------------------------------------------------------------------- attention
-
-
-def rope(x: torch.Tensor, pos: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
-    """Rotary position embedding on the last dim (half-split form): <rope(q,m), rope(k,n)> depends on m-n."""
-    dh = x.shape[-1]
-    half = dh // 2
-    freqs = base ** (-torch.arange(half, device=x.device, dtype=torch.float32) / half)
-    ang = pos.to(torch.float32)[..., None] * freqs  # [..., L, half]
-    cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
-    x1, x2 = x[..., :half], x[..., half : 2 * half]
-    rotated = torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
-    return torch.cat([rotated, x[..., 2 * half :]], dim=-1) if dh % 2 else rotated
+# --------------------------------------------------------------------------- attention modules
 
 
 class MultiHeadAttention(nn.Module):
-    """Multi-head attention with key-padding masks and optional RoPE, on SDPA (flash kernels, O(L) memory)."""
+    """Multi-head attention with key-padding masks and optional RoPE: projections here, the math in ops/."""
 
     def __init__(self, d: int, num_heads: int = 1, use_rope: bool = False, rope_base: float = 1e4) -> None:
         super().__init__()
@@ -114,14 +46,14 @@ class MultiHeadAttention(nn.Module):
         self.kv = nn.Linear(d, 2 * d)
         self.out = nn.Linear(d, d)
 
-    def forward(
+    def _heads(
         self,
         query: torch.Tensor,
         keys: torch.Tensor,
-        key_mask: torch.Tensor | None = None,
         q_pos: torch.Tensor | None = None,
         k_pos: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Projected q [B, H, Lq, dh], k and v [B, H, Lk, dh], rotated when ``use_rope``."""
         B, Lq, d = query.shape
         Lk = keys.shape[1]
         dh = d // self.h
@@ -130,13 +62,41 @@ class MultiHeadAttention(nn.Module):
         if self.use_rope:
             q = rope(q, torch.arange(Lq, device=q.device) if q_pos is None else q_pos, self.rope_base)
             k = rope(k, torch.arange(Lk, device=k.device) if k_pos is None else k_pos, self.rope_base)
-        attn_mask = None if key_mask is None else safe_key_mask(key_mask)[:, None, None, :]
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
-        return self.out(o.transpose(1, 2).reshape(B, Lq, d))
+        return q, k, v
+
+    def _merge(self, o: torch.Tensor) -> torch.Tensor:
+        B, _, Lq, _ = o.shape
+        return self.out(o.transpose(1, 2).reshape(B, Lq, self.d))
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        keys: torch.Tensor,
+        key_mask: torch.Tensor | None = None,
+        q_pos: torch.Tensor | None = None,
+        k_pos: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        q, k, v = self._heads(query, keys, q_pos, k_pos)
+        return self._merge(masked_attention(q, k, v, key_mask))
 
     def flops(self, lq: int, lk: int) -> int:
         d = self.d
         return 2 * lq * d * d + 4 * lk * d * d + 2 * lq * d * d + 4 * lq * lk * d
+
+
+class PooledAttention(MultiHeadAttention):
+    """M queries pool a masked sequence (target-keyed pooling, PMA): O(M·N), also says which tokens are real.
+
+    Same parameters as :class:`MultiHeadAttention` (checkpoints load either way); ``forward`` returns the
+    pooled tokens [B, M, d] and their mask [B, M] (False for a row with no real key).
+    """
+
+    def forward(  # type: ignore[override]
+        self, queries: torch.Tensor, keys: torch.Tensor, key_mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        q, k, v = self._heads(queries, keys)
+        o, valid = pooled_attention(q, k, v, key_mask)
+        return self._merge(o), valid
 
 
 class TransformerBlock(nn.Module):
@@ -201,7 +161,7 @@ class PyramidLevel(nn.Module):
         self.cfg, self.d = cfg, d
         self.offsets = nn.Parameter(torch.randn(cfg.pool_tokens, d) * 0.02)
         self.pool_ln = nn.LayerNorm(d)
-        self.pool = MultiHeadAttention(d, cfg.num_heads)
+        self.pool = PooledAttention(d, cfg.num_heads)
         self.local = TransformerBlock(d, cfg.num_heads, cfg.ffn_mult, cfg.use_rope)
         self.branch = nn.Parameter(torch.zeros(3, d))  # which branch a token came from
         self.ln = nn.LayerNorm(d)
@@ -214,8 +174,7 @@ class PyramidLevel(nn.Module):
         lengths = mask.sum(1)
         recent, recent_mask = gather_last(x, lengths, min(cfg.window, N))
         queries = target[:, None, :] + self.offsets[None]
-        pooled = self.pool(queries, self.pool_ln(x), mask)
-        pooled_mask = (lengths > 0)[:, None].expand(B, cfg.pool_tokens)
+        pooled, pooled_mask = self.pool(queries, self.pool_ln(x), mask)
         C = cfg.chunk
         nc = -(-N // C)
         xc = F.pad(x, (0, 0, 0, nc * C - N)).reshape(B * nc, C, d)

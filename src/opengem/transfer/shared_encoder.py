@@ -23,6 +23,7 @@ from opengem.data.batch import Batch
 from opengem.data.schema import FeatureSchema
 from opengem.model.flops import linear_flops
 from opengem.model.gem import GEM, merge_sequences
+from opengem.ops.jagged import jagged_to_padded
 from opengem.transfer.sharing import _plain_state
 
 
@@ -104,10 +105,7 @@ class SharedHistoryEncoder(nn.Module):
             parts = parts[:-k] + [self.seq_dense_bn[name](torch.cat(parts[-k:], dim=1))]
         flat = self.seq_proj[name](torch.cat(parts, dim=1))
         L = self.vm_schema.sequence(name).max_len
-        offsets = torch.ops.fbgemm.asynchronous_complete_cumsum(sb.lengths)
-        values = torch.ops.fbgemm.jagged_to_padded_dense(flat, [offsets], [L], 0.0)
-        mask = torch.arange(L, device=sb.lengths.device)[None, :] < sb.lengths[:, None]
-        return values, mask
+        return jagged_to_padded(flat, sb.lengths, L)
 
     def forward(self, batch: Batch) -> torch.Tensor:
         seq, mask = merge_sequences([self._group(batch, g) for g in self.groups], self.group_type)

@@ -1,0 +1,99 @@
+"""Attention ops: RoPE, key-padding masks, padded / jagged / pooled multi-head attention.
+
+The math every GEM block shares (the long-sequence encoder, InterFormer's Sequence Arch and PMA, Wukong's
+cross-layer attention), without parameters: projections stay in the model's modules. Shapes follow SDPA:
+q [B, H, Lq, dh], k and v [B, H, Lk, dh], key masks [B, Lk] bool (True = real key). Every op takes
+``kernel`` (see :mod:`opengem.ops.kernel`) and today runs :mod:`opengem.ops.pytorch.pt_attention`.
+
+FLOPs: :func:`flop_formulas` returns the FlopCounterMode formulas for kernels torch does not count;
+``opengem.model.flops.flop_counter`` passes them as ``custom_mapping``. Nothing here touches torch's global
+FLOP registry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from opengem.ops.kernel import Kernel, resolve_kernel
+from opengem.ops.pytorch import pt_attention, pt_jagged
+
+
+def safe_key_mask(mask: torch.Tensor, *, kernel: Kernel | str = Kernel.PYTORCH) -> torch.Tensor:
+    """Key mask where an empty row may attend to its first (zeroed) slot instead of producing NaN."""
+    resolve_kernel(kernel)
+    return pt_attention.safe_key_mask(mask)
+
+
+def rope(
+    x: torch.Tensor, pos: torch.Tensor, base: float = 10000.0, *, kernel: Kernel | str = Kernel.PYTORCH
+) -> torch.Tensor:
+    """Rotary position embedding on the last dim (half-split form): <rope(q,m), rope(k,n)> depends on m-n.
+
+    ``pos`` broadcasts against x[..., 0] (e.g. [L] for x [B, H, L, dh]); an odd last dim passes through.
+    """
+    resolve_kernel(kernel)
+    return pt_attention.rope(x, pos, base)
+
+
+def masked_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    key_mask: torch.Tensor | None = None,
+    *,
+    kernel: Kernel | str = Kernel.PYTORCH,
+) -> torch.Tensor:
+    """softmax(q kᵀ / √dh) v per head over right-padded keys; masked keys get no weight. -> [B, H, Lq, dh].
+
+    A row whose keys are all masked attends to its first slot only (see :func:`safe_key_mask`): callers
+    zero padded slots, so such a row's output is a constant, never NaN.
+    """
+    resolve_kernel(kernel)
+    return pt_attention.masked_attention(q, k, v, key_mask)
+
+
+def jagged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    lengths: torch.Tensor,
+    max_len: int,
+    *,
+    offsets: torch.Tensor | None = None,
+    kernel: Kernel | str = Kernel.PYTORCH,
+) -> torch.Tensor:
+    """Self-attention within each jagged row: q, k, v [N, H, dh] (rows ``lengths``) -> [N, H, dh].
+
+    Each event attends to every event of its own row (no causal mask). ``max_len`` must be >= the longest
+    row. The reference pads to [B, H, max_len, dh] and runs :func:`masked_attention`; a jagged kernel
+    (FBGEMM / Triton) would skip the padding.
+    """
+    resolve_kernel(kernel)
+    if offsets is None:
+        offsets = pt_jagged.lengths_to_offsets(lengths)
+    return pt_attention.jagged_attention(q, k, v, offsets, lengths, max_len)
+
+
+def pooled_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    key_mask: torch.Tensor | None = None,
+    *,
+    kernel: Kernel | str = Kernel.PYTORCH,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """M per-row queries (target-keyed or learned seeds) pool N keys: O(M·N) -> ([B, H, M, dh], valid [B, M]).
+
+    ``valid[b]`` is True where row b has at least one real key: a pooled token of an empty history is a
+    constant and is masked out downstream.
+    """
+    resolve_kernel(kernel)
+    return pt_attention.pooled_attention(q, k, v, key_mask)
+
+
+def flop_formulas() -> dict[Any, Callable[..., int]]:
+    """Custom FlopCounterMode formulas (op -> formula) for the kernels these ops reach; a fresh dict."""
+    return pt_attention.flop_formulas()

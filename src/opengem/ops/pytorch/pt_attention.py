@@ -1,0 +1,87 @@
+"""Reference attention ops: RoPE, key-padding masks and multi-head attention on PyTorch's SDPA.
+
+Shapes follow SDPA: q [B, H, Lq, dh], k and v [B, H, Lk, dh]; key masks are [B, Lk] bool, True = real.
+A row with no real key attends to its first slot (callers zero padded slots), so it never yields NaN.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.utils import flop_counter
+
+from opengem.ops.pytorch import pt_jagged
+
+
+def safe_key_mask(mask: torch.Tensor) -> torch.Tensor:
+    first = torch.arange(mask.shape[-1], device=mask.device) == 0  # functional: no in-place writes (FX)
+    return mask | (first & ~mask.any(dim=-1, keepdim=True))
+
+
+def rope(x: torch.Tensor, pos: torch.Tensor, base: float) -> torch.Tensor:
+    dh = x.shape[-1]
+    half = dh // 2
+    freqs = base ** (-torch.arange(half, device=x.device, dtype=torch.float32) / half)
+    ang = pos.to(torch.float32)[..., None] * freqs  # [..., L, half]
+    cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
+    x1, x2 = x[..., :half], x[..., half : 2 * half]
+    rotated = torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+    return torch.cat([rotated, x[..., 2 * half :]], dim=-1) if dh % 2 else rotated
+
+
+def masked_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None
+) -> torch.Tensor:
+    attn_mask = None if key_mask is None else safe_key_mask(key_mask)[:, None, None, :]
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+
+
+def jagged_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets: torch.Tensor, lengths: torch.Tensor,
+    max_len: int,
+) -> torch.Tensor:
+    """Jagged [N, H, dh] -> padded [B, H, L, dh] + key mask -> masked attention -> jagged [N, H, dh]."""
+    def pad(x: torch.Tensor) -> torch.Tensor:
+        return pt_jagged.jagged_to_padded(x, offsets, max_len, 0.0).transpose(1, 2)
+
+    mask = pt_jagged.padding_mask(lengths, max_len)
+    o = masked_attention(pad(q), pad(k), pad(v), mask)
+    return pt_jagged.padded_to_jagged(o.transpose(1, 2), offsets, q.shape[0])
+
+
+def pooled_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    B, _, M, _ = q.shape
+    out = masked_attention(q, k, v, key_mask)
+    if key_mask is None:
+        return out, torch.ones(B, M, dtype=torch.bool, device=q.device)
+    return out, (key_mask.sum(1) > 0)[:, None].expand(B, M)
+
+
+def _sdpa_flop(query: Any, key: Any, value: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+    return flop_counter.sdpa_flop_count(query, key, value)  # shapes: FlopCounterMode's shape wrapper
+
+
+def _sdpa_backward_flop(grad_out: Any, query: Any, key: Any, value: Any, *args: Any, out_shape: Any = None,
+                        **kwargs: Any) -> int:
+    return flop_counter.sdpa_backward_flop_count(grad_out, query, key, value)
+
+
+def flop_formulas() -> dict[Any, Callable[..., int]]:
+    """FlopCounterMode formulas for the SDPA kernels this reference reaches that torch does not count.
+
+    torch counts its CUDA SDPA kernels but not the CPU flash kernel (nor its backward) that
+    ``masked_attention`` runs on CPU: give them the same formulas as the CUDA ones.
+    """
+    aten = torch.ops.aten
+    formulas: dict[Any, Callable[..., int]] = {}
+    for name, fn in (("_scaled_dot_product_flash_attention_for_cpu", _sdpa_flop),
+                     ("_scaled_dot_product_flash_attention_for_cpu_backward", _sdpa_backward_flop)):
+        op = getattr(aten, name, None)
+        if op is not None and op not in flop_counter.flop_registry:
+            formulas[op] = fn
+    return formulas
