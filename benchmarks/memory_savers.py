@@ -101,7 +101,8 @@ def ne(args: argparse.Namespace) -> None:
 
     warnings.filterwarnings("ignore")
     from opengem.train.config import load_run_config
-    from opengem.train.trainer import prepare_data, train
+    from opengem.train.data import prepare_data
+    from opengem.train.trainer import train
 
     root = tempfile.mkdtemp(prefix="opengem-ms-")
     base = load_run_config(args.config, [f"train.steps={args.steps}", "train.progress=false"])
@@ -111,7 +112,7 @@ def ne(args: argparse.Namespace) -> None:
     for name, ov in SETTINGS.items():
         cfg = load_run_config(args.config, [f"train.steps={args.steps}", "train.progress=false", *ov])
         t0 = time.perf_counter()
-        s = train(cfg, os.path.join(root, name), data)
+        s = train(cfg, os.path.join(root, name), data, force=True)
         ev = s["final_eval"]
         res[name] = {k: ev[k]["ne"] for k in sorted(ev) if k.startswith("all/")}
         res[name]["last_loss"] = s["last_loss"]

@@ -85,7 +85,7 @@ def ensure_data(bench: str, out: Path, data: str | None, config: str) -> Path:
     if bench in ("sim", "throughput"):
         sys.path.insert(0, str(REPO / "src"))
         from opengem.train.config import load_run_config
-        from opengem.train.trainer import prepare_data
+        from opengem.train.data import prepare_data
 
         return prepare_data(load_run_config(REPO / config).data, out / "sim")  # reused when unchanged
     name = {"kuairand": "kuairand_pure", "frappe": "frappe_x1"}[bench]

@@ -12,6 +12,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import torch
 
+from opengem.data.commit import mark_complete
+
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny.toml"
 PY = sys.executable
@@ -34,6 +36,7 @@ def aligned_dataset(src: Path, dst: Path, rows_per_group: int) -> Path:
         out = tmp / f.relative_to(src)
         out.parent.mkdir(parents=True, exist_ok=True)
         pq.write_table(t.slice(0, n), out, row_group_size=rows_per_group)
+    mark_complete(tmp, writer="tests.aligned_dataset")
     tmp.rename(dst)
     return dst
 

@@ -11,7 +11,7 @@ import torch
 from dist_helpers import aligned_dataset, env, final_tensors, losses, run_train, train_cmd
 from opengem.train import distributed
 from opengem.train.config import load_run_config
-from opengem.train.trainer import prepare_data
+from opengem.train.data import prepare_data
 
 B = 32  # rows per rank per step; the single process reads 2 * B
 

@@ -209,7 +209,7 @@ def test_cli_writes_and_refuses_to_overwrite(tmp_path, capsys):
     assert "feed/click" in out and "oracle NE" in out
     assert (tmp_path / "truth" / "day=001" / "part-00000.parquet").exists()
     assert cli.main(args) == 2
-    assert "--force" in capsys.readouterr().out
+    assert "--force" in capsys.readouterr().err  # one line from the central handler (was printed on stdout)
     assert cli.main(args + ["--force", "--surfaces", "5"]) == 0
     assert len(FeatureSchema.load(tmp_path / "schema.toml").surfaces) == 5
 

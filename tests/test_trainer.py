@@ -8,8 +8,11 @@ from opengem.config import ConfigError
 from opengem.data.dataset import Dataset
 from opengem.model.heads import masked_bce
 from opengem.train.config import TrainConfig, load_run_config
+from opengem.train.data import make_loader, prepare_data
+from opengem.train.distributed import process_group
 from opengem.train.optim import lr_factor
-from opengem.train.trainer import build_run_model, make_loader, prepare_data, process_group, train
+from opengem.train.parallelize import build_run_model
+from opengem.train.trainer import train
 
 TINY = Path(__file__).resolve().parents[1] / "configs" / "tiny.toml"
 
@@ -58,7 +61,7 @@ def test_fused_sparse_optimizer_updates_tables(tmp_path):
     ds = Dataset(data)
     dev = torch.device("cpu")
     with process_group(dev) as pg:
-        model, _ = build_run_model(ds.schema, cfg, dev, pg)
+        model = build_run_model(ds.schema, cfg, dev, pg).model
 
         def table_weights():
             return {k: v.local_shards()[0].tensor.clone() for k, v in model.state_dict().items()

@@ -29,7 +29,8 @@ def tiny(tmp_path_factory):
 
 
 def test_adapter_is_identity_and_r_near_one_without_bias_or_staleness(tiny):
-    from opengem.train.trainer import process_group, resolve_device
+    from opengem.train.distributed import process_group
+    from opengem.train.env import resolve_device
 
     cfg, out = tiny
     assert cfg.lag == 0 and not cfg.surface_bias

@@ -5,6 +5,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from opengem.cli import main
+from opengem.data.commit import mark_complete
 from opengem.data.parquet import CanonicalWriter, random_columns
 from opengem.data.schema import FeatureSchema
 
@@ -18,8 +19,11 @@ def data(tmp_path) -> Path:
     for day in range(2):
         part = tmp_path / f"day={day:03d}"
         part.mkdir()
+        cols = random_columns(schema, 40, seed=day, first_id=100 * day)
+        cols[schema.time_column] += 86400 * day  # each day later than the one before (validate checks it)
         with CanonicalWriter(schema, part / "part-00000.parquet", row_group_size=16) as w:
-            w.write(random_columns(schema, 40, seed=day, first_id=100 * day))
+            w.write(cols)
+    mark_complete(tmp_path)  # assembled by hand: marked, or every reader (and validate) refuses it
     return tmp_path
 
 
@@ -63,5 +67,6 @@ def test_max_problems_limits_listing_not_counting(data, capsys):
 
 def test_explicit_schema_and_missing_data(data, tmp_path, capsys):
     assert main(["validate", "--data", str(data), "--schema", str(TINY)]) == 0
-    assert main(["validate", "--data", str(tmp_path / "nope")]) == 2
-    assert "not found" in capsys.readouterr().err
+    assert main(["validate", "--data", str(tmp_path / "nope")]) == 1  # a data error (issue 10 section 5)
+    err = capsys.readouterr().err
+    assert err.startswith("opengem validate: error: ") and "not found" in err

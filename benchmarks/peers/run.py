@@ -46,6 +46,7 @@ def simulate_data(work: Path, rows: int, days: int, emb_dim: int) -> Path:
 
 def flat_dataset(sim: Path, work: Path) -> tuple[Path, dict]:
     """The simulated dataset without sequences, multi-valued features and conversions: what the peers see."""
+    from opengem.data.commit import mark_complete
     from opengem.data.dataset import Dataset
     from opengem.data.schema import FeatureSchema
 
@@ -66,6 +67,7 @@ def flat_dataset(sim: Path, work: Path) -> tuple[Path, dict]:
         (out / part).mkdir()
         for f in sorted((sim / part).glob("*.parquet")):
             pq.write_table(pq.read_table(f, columns=cols), out / part / f.name)
+    mark_complete(out, "benchmarks/peers flat copy")
     return out, schema.to_dict()
 
 
@@ -119,7 +121,7 @@ warnings.filterwarnings("ignore")
 from opengem.train.config import load_run_config
 from opengem.train.trainer import train
 cfg_path, out, data, *ov = sys.argv[1:]
-s = train(load_run_config(cfg_path or None, ov), out, data)
+s = train(load_run_config(cfg_path or None, ov), out, data, force=True)
 s["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 print(json.dumps(s))
 """

@@ -3,7 +3,9 @@
 Every component keeps its own dataclass next to its code; this module only knows how to fill a
 (possibly nested) dataclass from a dict strictly (unknown keys fail, naming the key), how to apply
 dotted overrides with values parsed as TOML literals, and how to write the resolved config back as
-TOML next to a run's outputs.
+TOML next to a run's outputs. The written file must read back to the same config: ``evaluate`` and
+``--resume`` rebuild the model from it, and a value that does not survive the trip (an empty list, a
+float) rebuilds a different model.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import typing
 from pathlib import Path
 from typing import Any, TypeVar
 
-from opengem.data.schema import dumps_toml
+from opengem.data.schema import dumps_toml, read_toml
 from opengem.errors import UsageError
 
 T = TypeVar("T")
@@ -25,8 +27,46 @@ class ConfigError(UsageError, ValueError):
     """A config file or override that does not fit the config dataclass."""
 
 
+class BareWord(str):
+    """An override value that is not a TOML literal (``model.name=dlrm``).
+
+    It is taken as a string only where the config declares a string; anywhere else (a number, a list,
+    an untyped table such as ``data.sim``) it is refused, naming the override, because guessing would
+    turn ``data.sim.rows=abc`` into a crash deep in the run instead of a message here.
+    """
+
+
 def _field_types(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
+
+
+def _key(where: str, k: object) -> str:
+    return f"{where}.{k}" if where else str(k)
+
+
+def _bare_hint(value: Any) -> str:
+    if isinstance(value, BareWord):
+        return " (not a TOML literal, so read as a bare word; strings need quotes)"
+    return ""
+
+
+def _expected(where: str, what: str, value: Any) -> ConfigError:
+    shown = str(value) if isinstance(value, BareWord) else repr(value)
+    return ConfigError(f"{where}: expected {what}, got {shown}{_bare_hint(value)}")
+
+
+def _refuse_bare(value: Any, where: str) -> Any:
+    """Values under an untyped key (``Any``, ``dict[str, Any]``) must be TOML literals, not bare words."""
+    if isinstance(value, BareWord):
+        raise ConfigError(
+            f"{where}: {value!s} is not a TOML literal and this key has no declared type, so it is not read "
+            f"as a string: write a number, true/false or [list], or quote a string ('{where}=\"{value!s}\"')"
+        )
+    if isinstance(value, dict):
+        return {k: _refuse_bare(v, _key(where, k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_refuse_bare(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    return value
 
 
 def _coerce(value: Any, tp: Any, where: str) -> Any:
@@ -34,47 +74,47 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     args = typing.get_args(tp)
     if dataclasses.is_dataclass(tp) and isinstance(tp, type):
         if not isinstance(value, dict):
-            raise ConfigError(f"{where}: expected a table, got {value!r}")
+            raise _expected(where, "a table", value)
         return from_dict(tp, value, where)
     if origin in (typing.Union, types.UnionType):
         non_none = [a for a in args if a is not type(None)]
         if value is None and type(None) in args:
             return None
-        errors = []
         for a in non_none:
             try:
                 return _coerce(value, a, where)
-            except ConfigError as e:
-                errors.append(str(e))
-        raise ConfigError(f"{where}: {value!r} does not fit {tp}")
+            except ConfigError:
+                continue
+        raise ConfigError(f"{where}: {value!r} does not fit {tp}{_bare_hint(value)}")
     if origin in (list, tuple):
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{where}: expected a list, got {value!r}")
+            raise _expected(where, "a list", value)
         inner = args[0] if args else Any
         items = [_coerce(v, inner, f"{where}[{i}]") for i, v in enumerate(value)]
         return items if origin is list else tuple(items)
     if origin is dict:
         if not isinstance(value, dict):
-            raise ConfigError(f"{where}: expected a table, got {value!r}")
-        return dict(value)
+            raise _expected(where, "a table", value)
+        inner = args[1] if len(args) == 2 else Any
+        return {k: _coerce(v, inner, _key(where, k)) for k, v in value.items()}
     if tp is Any:
-        return value
+        return _refuse_bare(value, where)
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{where}: expected a number, got {value!r}")
+            raise _expected(where, "a number", value)
         return float(value)
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{where}: expected an integer, got {value!r}")
+            raise _expected(where, "an integer", value)
         return value
     if tp is bool:
         if not isinstance(value, bool):
-            raise ConfigError(f"{where}: expected true/false, got {value!r}")
+            raise _expected(where, "true/false", value)
         return value
     if tp is str:
         if not isinstance(value, str):
-            raise ConfigError(f"{where}: expected a string, got {value!r}")
-        return value
+            raise _expected(where, "a string", value)
+        return str(value)
     return value
 
 
@@ -84,8 +124,8 @@ def from_dict(cls: type[T], data: dict[str, Any], where: str = "config") -> T:
     names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     for k in data:
         if k not in names:
-            raise ConfigError(f"{where}: unknown key {k!r} (known: {', '.join(sorted(names))})")
-    kwargs = {k: _coerce(v, hints[k], f"{where}.{k}") for k, v in data.items()}
+            raise ConfigError(f"{_key(where, k)}: unknown key {k!r} (known: {', '.join(sorted(names))})")
+    kwargs = {k: _coerce(v, hints[k], _key(where, k)) for k, v in data.items()}
     return cls(**kwargs)
 
 
@@ -94,14 +134,18 @@ def to_dict(cfg: Any) -> dict[str, Any]:
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
+    """``a.b.c=value`` -> (["a", "b", "c"], value); a value that is not a TOML literal is a BareWord."""
     if "=" not in text:
         raise ConfigError(f"override {text!r}: expected section.key=value")
     key, raw = text.split("=", 1)
+    path = key.strip().split(".")
+    if not all(path):
+        raise ConfigError(f"override {text!r}: empty name in {key.strip()!r} (expected section.key=value)")
     try:
         value = tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
-        value = raw  # bare strings need no quotes on the command line
-    return key.strip().split("."), value
+        value = BareWord(raw)  # bare strings need no quotes where the config declares a string
+    return path, value
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -117,22 +161,29 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
 
 
 def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None) -> T:
-    data: dict[str, Any] = {}
-    if path is not None:
-        p = Path(path)
-        try:
-            data = tomllib.loads(p.read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"{p}: config file not found") from None
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"{p}: not valid TOML: {e}") from None
+    """Fill ``cls`` from a TOML file, then overrides; an error names the file or the override."""
+    data: dict[str, Any] = read_toml(path, ConfigError, "config") if path is not None else {}
     data = apply_overrides(data, overrides or [])
-    return from_dict(cls, data, str(path) if path else "config")
+    try:
+        return from_dict(cls, data, "")
+    except ConfigError as e:
+        raise ConfigError(f"{_source(str(e), overrides or [], path)}: {e}") from None
+
+
+def _source(message: str, overrides: list[str], path: str | Path | None) -> str:
+    """Where the bad value came from: the last override that set the key the message names, else the file."""
+    key = message.split(":", 1)[0]
+    for text in reversed(overrides):
+        okey = text.split("=", 1)[0].strip()
+        if key == okey or key.startswith(okey + ".") or key.startswith(okey + "[") \
+                or okey.startswith(key + "."):
+            return f"override {text}"
+    return str(path) if path is not None else "config"
 
 
 def save_config(cfg: Any, path: str | Path) -> None:
-    """Write the resolved config as TOML (None values are omitted, as TOML has no null)."""
-    Path(path).write_text(dumps_toml(_drop_none(to_dict(cfg))))
+    """Write the resolved config as TOML that :func:`load_config` reads back to an equal config."""
+    Path(path).write_text(dumps_toml(to_dict(cfg)), encoding="utf-8")
 
 
 def flatten_dict(d: dict[str, Any], sep: str = ".", prefix: str = "") -> dict[str, Any]:
@@ -146,10 +197,3 @@ def flatten_dict(d: dict[str, Any], sep: str = ".", prefix: str = "") -> dict[st
             out[key] = v
     return out
 
-
-def _drop_none(d: Any) -> Any:
-    if isinstance(d, dict):
-        return {k: _drop_none(v) for k, v in d.items() if v is not None}
-    if isinstance(d, (list, tuple)):
-        return [_drop_none(v) for v in d]
-    return d

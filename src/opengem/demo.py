@@ -35,8 +35,9 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore", category=FutureWarning)  # TorchRec/DCP deprecation notices
 
     from opengem.train.config import load_run_config
+    from opengem.train.data import prepare_data
     from opengem.train.evaluate import evaluate_run, format_metrics
-    from opengem.train.trainer import prepare_data, train
+    from opengem.train.trainer import train
 
     config = Path(args.config) if args.config else default_config()
     cfg = load_run_config(config, args.overrides)
@@ -55,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         run_cfg.model.name = name
         run_cfg.train.final_eval = False  # evaluate_run below does it once, with the oracle
         t0 = time.perf_counter()
-        summary = train(run_cfg, out / name, data)
+        summary = train(run_cfg, out / name, data, force=True)  # a rerun replaces the last demo
         timings[f"train {name}"] = time.perf_counter() - t0
         flops = summary["flops_per_example"]
         print(f"[demo] trained {name}: {summary['steps']} steps, {summary['examples_per_s']:,.0f} ex/s, "

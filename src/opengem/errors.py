@@ -3,7 +3,9 @@
 Every module raises its own subclass (ConfigError, DataError, CheckpointError, ...); the ``opengem``
 command catches :class:`OpengemError` once, prints it as one line ``opengem <command>: error: ...`` and
 exits with its ``exit_code`` (2 for usage and configuration, 1 for data and runtime). The traceback is
-shown only under ``--debug``: a user's mistake is not a crash.
+shown only under ``--debug`` (or ``OPENGEM_DEBUG=1``): a user's mistake is not a crash. Raise one of these
+rather than printing a message and returning a code, so that every command reports errors the same way;
+the message is one line that names the file, column, row, key or path and says what to do.
 """
 
 from __future__ import annotations
@@ -23,3 +25,7 @@ class UsageError(OpengemError):
 
 class DatasetError(OpengemError, ValueError):
     """A dataset folder that is missing, incomplete, or whose partitions cannot be selected as asked."""
+
+
+class TrainError(OpengemError, RuntimeError):
+    """A run that cannot go on: no device, a non-finite loss, a data selection with no full batch."""

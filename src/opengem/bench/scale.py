@@ -191,9 +191,9 @@ def run_one(cfg: Any, run_dir: Path) -> dict[str, Any]:
         rec = json.loads(done.read_text())
         if rec.get("config_sha256") == ident:
             return rec
-    summary = train(cfg, run_dir, data_dir=cfg.data.path)
+    summary = train(cfg, run_dir, data_dir=cfg.data.path, force=True)
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
-    setup = [r for r in records if r.get("kind") == "setup"][-1]  # the log appends: a rerun's is last
+    setup = [r for r in records if r.get("kind") == "setup"][-1]  # --force moved any old run aside
     rec = {"config_sha256": ident, "summary": summary, "dense_params": setup.get("dense_params"),
            "embedding_params": setup.get("embedding_params")}
     done.write_text(json.dumps(rec, indent=2))
@@ -206,7 +206,7 @@ def run_sweep(sweep: SweepConfig, out: str | Path, data_dir: str | Path | None =
     """Run every (family, size) [and its proxy], then write scaling.csv, fits.json and scaling.png."""
     from opengem.data.dataset import Dataset
     from opengem.train.config import load_run_config
-    from opengem.train.trainer import prepare_data
+    from opengem.train.data import prepare_data
 
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     out = Path(out)

@@ -1,9 +1,9 @@
 """The training-step benchmark: throughput, model FLOPs, MFU, peak memory and time to first step.
 
-The step measured is the trainer's own: the model built by ``build_run_model`` (DMP-wrapped, fused
-row-wise Adagrad on the tables, AdamW on dense parameters, gradient clipping, LR schedule) on real
-batches from the run's dataset, taken through the same ``opengem.train.step`` functions the trainer uses
-(so ``train.precision`` and ``train.fp8_saved_activations`` apply here exactly as in training).
+The step measured is the trainer's own: ``Trainer.train_step`` of a :class:`~opengem.train.trainer.Trainer`
+built from the config (DMP-wrapped, fused row-wise Adagrad on the tables, AdamW on dense parameters,
+gradient clipping, LR schedule) on real batches from the run's dataset, so ``train.precision``,
+``train.fp8_saved_activations`` and ``train.compile`` apply here exactly as in training.
 
 Conventions (reported in the output under ``conventions``):
 - throughput excludes data loading: a pool of real batches is read first and cycled, so examples/s is
@@ -13,25 +13,25 @@ Conventions (reported in the output under ``conventions``):
   sequence length): backward costs two forwards, embedding lookups count zero. The FlopCounterMode
   forward FLOPs on a real batch (sequences as long as they really are) are reported beside it
   (``measured_fwd_flops_per_example``), with the MFU they imply;
-- time to first step runs from the start of the model build to the end of the first optimizer step,
-  including the sharding plan, optimizer construction and reading the first batch.
+- time to first step runs from the start of the Trainer's construction (process group, model build,
+  sharding plan, optimizers) to the end of the first optimizer step, including reading the first batch.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from pathlib import Path
 from typing import Any
 
-import torch
-from torch import nn
-
 from opengem.bench.machine import PeakMemory, load_average, matmul_peak, sync
+from opengem.errors import TrainError, UsageError
 from opengem.model.flops import measured_flops, model_flops
-from opengem.train.config import RunConfig, TrainConfig
-from opengem.train.optim import build_optimizers
-from opengem.train.step import forward_loss, optimizer_step
+from opengem.train.config import RunConfig
+from opengem.train.data import prepare_data
+from opengem.train.env import resolve_device
+from opengem.train.trainer import Trainer
 
 CONVENTIONS = {
     "flops_per_example": "3 x analytic forward FLOPs at full sequence length (fwd + bwd), lookups = 0",
@@ -41,59 +41,35 @@ CONVENTIONS = {
     "peak_mem_mb": "CPU: peak RSS (VmHWM, reset via /proc/self/clear_refs) - RSS at start, one model per "
                    "process (freed heap is reused, so earlier work in the process lowers it); "
                    "GPU: max_memory_allocated",
-    "time_to_first_step_s": "model build start -> end of first optimizer step (incl. first batch read)",
+    "time_to_first_step_s": "Trainer construction start -> end of first optimizer step (incl. first batch)",
 }
-
-
-def train_step(model: nn.Module, batch: Any, opt: torch.optim.Optimizer, sched: Any,
-               dense: list[nn.Parameter], weights: torch.Tensor, t: TrainConfig,
-               device: torch.device) -> torch.Tensor:
-    """One single-process training step, the trainer's own."""
-    loss = forward_loss(model, batch, weights, t, device)
-    optimizer_step(loss, opt, sched, dense, t.grad_clip)
-    return loss.detach()
 
 
 def bench_train(cfg: RunConfig, run_dir: str | Path, data_dir: str | Path | None = None, *,
                 steps: int = 20, warmup: int = 5, windows: int = 5, pool: int = 16,
                 peak_n: int | None = None) -> dict[str, Any]:
     """Benchmark one model's training step; returns the result dict (see module docstring)."""
-    from opengem.data.dataset import Dataset
-    from opengem.train.trainer import (
-        build_run_model,
-        cpu_threads,
-        make_loader,
-        prepare_data,
-        process_group,
-        resolve_device,
-        task_weights,
-    )
-
     if steps < 1 or windows < 1 or warmup < 0 or pool < 1:
-        raise ValueError(f"bench: need steps >= 1, windows >= 1, warmup >= 0, pool >= 1 "
+        raise UsageError(f"bench: need steps >= 1, windows >= 1, warmup >= 0, pool >= 1 "
                          f"(got {steps}, {windows}, {warmup}, {pool})")
     cfg.validate()
-    device = resolve_device(cfg.train.device)
     data_path = prepare_data(cfg.data, run_dir, data_dir)
-    ds = Dataset(data_path)
-    t = cfg.train
-    with process_group(device) as pg, cpu_threads(t.threads):
-        peak = matmul_peak(device, peak_n)
-        loader = iter(make_loader(ds, cfg.data.train, cfg.data, train=True, seed=t.seed))
-        mem = PeakMemory(device)
-        mem.start()
-        t0 = time.perf_counter()
-        model, plain = build_run_model(ds.schema, cfg, device, pg)
-        dense_list, opt, sched, _ = build_optimizers(model, t)
-        weights = task_weights(ds.schema, device)
+    mem = PeakMemory(resolve_device(cfg.train.device))
+    mem.start()
+    t0 = time.perf_counter()
+    # no run folder: nothing is written, so several models can be benchmarked over the same data
+    with Trainer(cfg, None, data_path) as trainer:
+        device = trainer.device
+        loader = iter(trainer.train_loader())
         try:
             first = next(loader).to(device)
         except StopIteration:
-            raise ValueError(f"{data_path}: partitions {cfg.data.train!r} gave no full batch of "
+            raise TrainError(f"{data_path}: partitions {cfg.data.train!r} gave no full batch of "
                              f"{cfg.data.batch_size} rows (lower data.batch_size)") from None
-        loss0 = train_step(model, first, opt, sched, dense_list, weights, t, device)
+        loss0 = trainer.train_step(first)
         sync(device)
         ttfs = time.perf_counter() - t0
+        peak = matmul_peak(device, peak_n)
 
         batches = [first]
         t_load = time.perf_counter()
@@ -105,14 +81,13 @@ def bench_train(cfg: RunConfig, run_dir: str | Path, data_dir: str | Path | None
         loader_rate = (len(batches) - 1) * cfg.data.batch_size / load_s if len(batches) > 1 else None
 
         for i in range(warmup):
-            train_step(model, batches[i % len(batches)], opt, sched, dense_list, weights, t, device)
+            trainer.train_step(batches[i % len(batches)])
         sync(device)
         rates, k = [], warmup
         for _ in range(windows):
             tw = time.perf_counter()
             for _ in range(steps):
-                b = batches[k % len(batches)]
-                loss = train_step(model, b, opt, sched, dense_list, weights, t, device)
+                trainer.train_step(batches[k % len(batches)])
                 k += 1
             sync(device)
             rates.append(steps * cfg.data.batch_size / (time.perf_counter() - tw))
@@ -124,11 +99,14 @@ def bench_train(cfg: RunConfig, run_dir: str | Path, data_dir: str | Path | None
         after = matmul_peak(device, peak_n)  # the best of before and after: load may change during the run
         if after["peak_flops"] > peak["peak_flops"]:
             peak = after
-        if not torch.isfinite(loss):
-            raise ValueError(f"bench: loss became {float(loss)} (lower train.lr)")
+        if not math.isfinite(trainer.last_loss):
+            raise TrainError(f"bench: loss became {trainer.last_loss} (lower train.lr)")
+        plain, model = trainer.parallel.plain, trainer.model
         fwd = model_flops(plain)
         measured_fwd = measured_flops(model, batches[0])
         model.train()
+        dense_list = trainer.optimizers.dense
+        ds = trainer.ds
 
     eps = statistics.median(rates)
     fpe = 3 * fwd

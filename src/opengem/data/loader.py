@@ -1,17 +1,29 @@
 """ParquetLoader: streams canonical Parquet into Batches, sharded and resumable exactly once.
 
-The unit of work is one row group of one file. Units are ordered (files as given, row groups in file
-order, optionally permuted by ``seed`` and the epoch), dealt round-robin to ranks, and each rank's units
-round-robin to its DataLoader workers. A worker decodes one row group in pieces of ``read_rows`` rows
-(memory: one piece plus one pending batch plus the DataLoader's prefetch, whatever row-group size the
-writer chose), checks each piece (see ``parquet.py`` for the bad-input policies) and cuts batches of
-exactly ``batch_size`` that may span units; only the last batch of each worker's stream may be smaller.
+The unit of work is one row group of one file, or a slice of its rows. Row groups are ordered (files as
+given, row groups in file order, optionally permuted by ``seed`` and the epoch) and dealt to *streams*,
+one per (rank, DataLoader worker): stream ``worker * world_size + rank``, so that a rank's streams are
+its units as dealt round-robin to its workers. The deal (:func:`deal`) goes round by round, one row group
+per stream: a round whose row groups all have the same number of rows is dealt whole, round-robin (then N
+ranks with batch B see, step by step, the rows one rank sees with batch N*B); any other round, the last
+one included, is split by rows into contiguous slices of equal size, so every stream gets the same number
+of rows (+-1 per round, the larger shares rotating) and every rank has rows to read whenever the files
+hold at least one row per stream, however few row groups they have. A worker decodes its units in pieces
+of ``read_rows`` rows (memory: one piece plus one pending batch plus the DataLoader's prefetch, whatever
+row-group size the writer chose), checks each piece (see ``parquet.py`` for the bad-input policies) and
+cuts batches of exactly ``batch_size`` that may span units; only the last batch of each worker's stream
+may be smaller.
 
 Position. Every batch travels with the per-unit row offsets it completes ("rows 0..k of unit u have been
 delivered"); the loader applies them only when the batch is handed to the consumer, so ``state_dict()``
-counts what the consumer received, never what workers prefetched. Offsets are keyed by (file, row group),
-not by rank or worker, so a saved state resumes exactly once under any worker count, and under any world
-size when the ranks' states are merged with :func:`merge_states`. Problem counts come back the same way.
+counts what the consumer received, never what workers prefetched. An offset is keyed by the unit's first
+row (``file#rg`` for a unit that starts the row group, ``file#rg@row`` for a slice starting at that row
+of it), not by rank or worker: each entry says "rows row..row+k of this row group are delivered". A
+resume reads, of each unit of its own deal, the rows no entry covers: the rest of the unit after its own
+offset, or, when the state comes from another deal (another number of streams, e.g. ranks' states merged
+with :func:`merge_states` and resumed on another world size), the unit's undelivered gaps as units of
+their own. So a saved state resumes exactly once under any worker count and any world size. Problem
+counts come back the same way.
 
 Row mixing (``shuffle_window`` W >= 2). A row group is a contiguous slice of time, so reading units one
 after another makes consecutive batches correlated. With W >= 2 each stream (one rank's, one worker's
@@ -39,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import torch.utils.data as tud
 
 from opengem.data.batch import Batch
@@ -56,19 +69,118 @@ from opengem.data.parquet import (
 )
 from opengem.data.schema import FeatureSchema
 
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: offsets of units that start inside a row group (``file#rg@row``)
+STATE_VERSIONS = (1, 2)  # readable: 1 has whole row groups only, a special case of 2
 
 
 @dataclass(frozen=True)
 class Unit:
+    """Rows ``begin .. begin + num_rows`` of row group ``rg`` of a file (a whole row group: ``begin`` 0)."""
+
     info: FileInfo
     rg: int
     row_start: int  # first row of the row group within the file
-    num_rows: int
+    num_rows: int  # rows of this unit
+    begin: int = 0  # first row of this unit within its row group
 
     @property
     def key(self) -> str:
-        return f"{self.info.path}#{self.rg}"
+        """The key of its offset: the row group, and the first row when the unit starts inside it."""
+        base = f"{self.info.path}#{self.rg}"
+        return base if self.begin == 0 else f"{base}@{self.begin}"
+
+    @property
+    def first_row(self) -> int:
+        """The file row of the unit's first row."""
+        return self.row_start + self.begin
+
+    def part(self, start: int, num_rows: int) -> Unit:
+        """Rows ``start .. start + num_rows`` of this unit, as a unit of their own."""
+        return Unit(self.info, self.rg, self.row_start, num_rows, self.begin + start)
+
+
+def deal(units: Sequence[Unit], streams: int) -> list[list[Unit]]:
+    """Every stream's units for one pass, round by round (one unit per stream a round).
+
+    A round of units of one size is dealt whole, round-robin: the layout of earlier versions, under
+    which N ranks with batch B step through the same rows as one rank with batch N*B. Any other round
+    (sizes differ, or the last round is short) is cut by rows into ``streams`` contiguous slices of equal
+    size, the slice order rotating by round so that no stream collects the +1 remainders: every stream
+    gets its share of the rows, and one with no rows exists only when the files hold fewer rows than
+    there are streams. The layout depends only on the units, their order and ``streams``.
+    """
+    out: list[list[Unit]] = [[] for _ in range(streams)]
+    for j, i in enumerate(range(0, len(units), streams)):
+        rnd = list(units[i:i + streams])
+        if len(rnd) == streams and len({u.num_rows for u in rnd}) == 1:
+            for s, u in enumerate(rnd):
+                out[s].append(u)
+            continue
+        total = sum(u.num_rows for u in rnd)
+        bounds = [k * total // streams for k in range(streams + 1)]
+        shift = j % streams
+        pos = 0  # first row of the current unit within the round
+        for u in rnd:
+            for k in range(streams):
+                lo, hi = max(bounds[k], pos), min(bounds[k + 1], pos + u.num_rows)
+                if lo < hi:
+                    out[(k + shift) % streams].append(u.part(lo - pos, hi - lo))
+            pos += u.num_rows
+    return out
+
+
+def _parse_key(key: str) -> tuple[str, int, int]:
+    """(file, row group, first row within it) of an offset key."""
+    path, _, rest = key.rpartition("#")
+    rg, _, begin = rest.partition("@")
+    return path, int(rg), int(begin or 0)
+
+
+def _delivered(offsets: dict[str, int]) -> dict[tuple[str, int], list[tuple[int, int]]]:
+    """Per (file, row group): the delivered rows as sorted, merged [start, end) intervals."""
+    spans: dict[tuple[str, int], list[tuple[int, int]]] = {}
+    for key, n in offsets.items():
+        if n > 0:
+            path, rg, begin = _parse_key(key)
+            spans.setdefault((path, rg), []).append((begin, begin + n))
+    for ivs in spans.values():
+        ivs.sort()
+        merged = [ivs[0]]
+        for a, b in ivs[1:]:
+            if a <= merged[-1][1]:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+            else:
+                merged.append((a, b))
+        ivs[:] = merged
+    return spans
+
+
+def _resume(stream: list[Unit], offsets: dict[str, int],
+            spans: dict[tuple[str, int], list[tuple[int, int]]]) -> tuple[list[Unit], dict[str, int], bool]:
+    """A stream's units and start offsets under a saved position; True when it came from another deal.
+
+    A unit whose delivered rows are a prefix of it keeps its place with that offset; one with delivered
+    rows elsewhere (a position saved under another deal) is replaced by its undelivered gaps, each a unit
+    read from its start. Exactly once either way.
+    """
+    units, starts, foreign = [], {}, False
+    for u in stream:
+        lo, hi = u.begin, u.begin + u.num_rows
+        cover = [(max(a, lo), min(b, hi)) for a, b in spans.get((u.info.path, u.rg), ()) if a < hi and b > lo]
+        if not cover:
+            units.append(u)
+            continue
+        if cover[0][0] == lo and len(cover) == 1:
+            units.append(u)
+            starts[u.key] = cover[0][1] - lo
+            foreign |= starts[u.key] != offsets.get(u.key, 0)
+            continue
+        foreign, at = True, lo
+        for a, b in [*cover, (hi, hi)]:
+            if a > at:
+                units.append(u.part(at - lo, a - at))
+            at = max(at, b)
+    return units, starts, foreign
 
 
 def merge_states(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -159,6 +271,24 @@ class _Cutter:
         return self.base if mixed else {k: v for k, v in self.updates.items() if k not in self.keys}
 
 
+def _unit_pieces(u: Unit, schema: FeatureSchema, start: int,
+                 read_rows: int) -> Iterator[tuple[pa.Table, int]]:
+    """(table, first row within the unit) pieces of ``u`` from its row ``start`` on, up to its last row."""
+    end = u.begin + u.num_rows
+    pieces = iter_row_group(u.info, u.rg, schema, u.begin + start, read_rows)
+    try:
+        for table, first in pieces:
+            if first >= end:
+                break
+            if first + table.num_rows > end:
+                table = table.slice(0, end - first)
+            yield table, first - u.begin
+            if first + table.num_rows >= end:
+                break
+    finally:
+        pieces.close()  # type: ignore[attr-defined]
+
+
 def _skipped(e: DataError, on_error: str, log: ProblemLog) -> None:
     """Count a unit's DataError as skipped (its remaining rows deliver nothing); raise it unless skipping."""
     if on_error != "skip":
@@ -194,10 +324,10 @@ class _UnitReader:
             if self.read_to >= end or self.dead:
                 break
             if self.pieces is None:
-                self.pieces = iter_row_group(u.info, u.rg, s.schema, self.cursor, s.read_rows)
+                self.pieces = _unit_pieces(u, s.schema, self.cursor, s.read_rows)
             try:
                 table, first = next(self.pieces)
-                cols = Columns.from_arrow(table, s.schema, u.row_start + first)
+                cols = Columns.from_arrow(table, s.schema, u.first_row + first)
                 self.piece = check_columns(cols, s.schema, u.info.path, self.log, s.on_error)
             except StopIteration:
                 self.dead = True
@@ -206,7 +336,7 @@ class _UnitReader:
                 _skipped(e, s.on_error, self.log)
                 self.dead = True  # its remaining positions deliver nothing
                 break
-            self.rel, self.at = self.piece.rows - u.row_start, 0
+            self.rel, self.at = self.piece.rows - u.first_row, 0
             self.read_to = first + table.num_rows
         self.cursor = end
         return out
@@ -218,12 +348,13 @@ class _UnitReader:
 
 
 class _Stream(tud.IterableDataset):
-    """One rank's units for one pass; yields (batch | None, offsets, problem counts, samples, error)."""
+    """One rank's units for one pass, one list per worker (one list without workers); yields
+    (batch | None, offsets, problem counts, samples, error)."""
 
-    def __init__(self, schema: FeatureSchema, units: list[Unit], offsets: dict[str, int], batch_size: int,
-                 drop_last: bool, on_error: str, keep: int, read_rows: int, window: int = 0, seed: int = 0,
-                 epoch: int = 0, lenient: bool = False) -> None:
-        self.schema, self.units, self.offsets, self.read_rows = schema, units, offsets, read_rows
+    def __init__(self, schema: FeatureSchema, streams: list[list[Unit]], offsets: dict[str, int],
+                 batch_size: int, drop_last: bool, on_error: str, keep: int, read_rows: int, window: int = 0,
+                 seed: int = 0, epoch: int = 0, lenient: bool = False) -> None:
+        self.schema, self.streams, self.offsets, self.read_rows = schema, streams, offsets, read_rows
         self.batch_size, self.drop_last, self.on_error, self.keep = batch_size, drop_last, on_error, keep
         # Row mixing: windows of `window` units; `lenient`: a window whose offsets are not a prefix of its
         # interleaving (state from another number of streams) is read unit after unit.
@@ -231,7 +362,7 @@ class _Stream(tud.IterableDataset):
 
     def __iter__(self) -> Iterator[tuple]:
         info = tud.get_worker_info()
-        units = self.units if info is None else self.units[info.id::info.num_workers]
+        units = self.streams[0 if info is None else info.id]
         log = ProblemLog(raise_errors=True, keep=self.keep)
         cut = _Cutter(self.batch_size)
 
@@ -275,16 +406,16 @@ class _Stream(tud.IterableDataset):
         The plain stream reads every unit so, row mixing a window that cannot resume its interleaving.
         """
         try:
-            for table, first in iter_row_group(u.info, u.rg, self.schema, start, self.read_rows):
+            for table, first in _unit_pieces(u, self.schema, start, self.read_rows):
                 last_piece = first + table.num_rows == u.num_rows
-                cols = Columns.from_arrow(table, self.schema, u.row_start + first)
+                cols = Columns.from_arrow(table, self.schema, u.first_row + first)
                 cols = check_columns(cols, self.schema, u.info.path, log, self.on_error)
                 if cols.n == 0 and last_piece:
                     cut.updates[u.key] = u.num_rows
 
                 def mark(j: int, cols: Columns = cols, last: bool = last_piece) -> dict[str, int]:
                     done = last and j == cols.n - 1
-                    return {u.key: u.num_rows if done else int(cols.rows[j]) - u.row_start + 1}
+                    return {u.key: u.num_rows if done else int(cols.rows[j]) - u.first_row + 1}
 
                 yield from cut.feed(cols, mark)
         except DataError as e:
@@ -334,7 +465,7 @@ class _Stream(tud.IterableDataset):
                     first = r.cursor
                     for part in r.take(len(idx)):
                         parts.append(part)
-                        where.append(a + idx[part.rows - r.unit.row_start - first])
+                        where.append(a + idx[part.rows - r.unit.first_row - first])
                 if not parts:
                     continue
                 cols, pos = Columns.concat(parts), np.concatenate(where)
@@ -414,17 +545,31 @@ class ParquetLoader:
         return units
 
     def units(self) -> list[Unit]:
-        return self.all_units()[self.rank::self.world_size]
+        """This rank's units in one whole epoch (its workers' streams one after another)."""
+        return [u for stream in self._layout() for u in stream]
 
     @property
     def num_streams(self) -> int:
-        """Streams the units are dealt to (ranks x workers); row-mixing windows depend on it alone."""
+        """Streams the units are dealt to (ranks x workers); the deal and the row-mixing windows depend
+        on it alone."""
         return self.world_size * max(1, self.num_workers)
 
-    def _stream_units(self) -> list[list[Unit]]:
-        """This rank's units per worker, as the workers deal them."""
-        units, n = self.units(), max(1, self.num_workers)
-        return [units[w::n] for w in range(n)]
+    def _layout(self) -> list[list[Unit]]:
+        """This rank's units per worker in one whole epoch: streams ``worker * world_size + rank``."""
+        streams = deal(self.all_units(), self.num_streams)
+        return [streams[w * self.world_size + self.rank] for w in range(max(1, self.num_workers))]
+
+    def _stream_units(self) -> tuple[list[list[Unit]], dict[str, int], bool]:
+        """This rank's units per worker from the saved position on, their start offsets, and whether the
+        position came from another deal (see :func:`_resume`)."""
+        spans = _delivered(self._offsets)
+        streams, starts, foreign = [], {}, False
+        for stream in self._layout():
+            units, st, f = _resume(stream, self._offsets, spans)
+            streams.append(units)
+            starts.update(st)
+            foreign |= f
+        return streams, starts, foreign
 
     @property
     def num_rows(self) -> int:
@@ -438,8 +583,9 @@ class ParquetLoader:
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("version") != STATE_VERSION:
-            raise ValueError(f"loader state version {state.get('version')!r}, expected {STATE_VERSION}")
+        if state.get("version") not in STATE_VERSIONS:
+            raise ValueError(f"loader state version {state.get('version')!r}, expected one of "
+                             f"{STATE_VERSIONS}")
         self.epoch = int(state["epoch"])
         self._offsets = {str(k): int(v) for k, v in state["offsets"].items()}
         mixing = state.get("shuffle") or {}
@@ -450,18 +596,21 @@ class ParquetLoader:
         if same and mixing.get("streams") != self.num_streams:
             self._streams = None  # windows of another layout: _check_resume may read some unit by unit
 
-    def _check_resume(self) -> bool:
+    def _check_resume(self, streams: list[list[Unit]], starts: dict[str, int], foreign: bool) -> bool:
         """Check the offsets against this epoch's row mixing; True when a window must be read unit by unit.
 
         A window's offsets must be the label counts of a prefix of its interleaving, unless the state
-        comes from another number of streams (then such a window is read unit after unit, exactly once).
+        comes from another number of streams or another deal (then such a window is read unit after unit,
+        exactly once).
         """
-        if self.shuffle_window < 2 or not self._offsets:
+        if foreign and self.shuffle_window >= 2 and self._saved_mixing == (self.shuffle_window, self.seed):
+            self._streams = None  # units cut by another deal: this epoch's windows are not the saved ones
+        if self.shuffle_window < 2 or not starts:
             return False
         lenient, unfit = self._streams is None, False
-        for stream in self._stream_units():
+        for stream in streams:
             for win in _windows(stream, self.shuffle_window):
-                offs = [min(self._offsets.get(u.key, 0), u.num_rows) for u in win]
+                offs = [min(starts.get(u.key, 0), u.num_rows) for u in win]
                 if not any(offs) or all(o == u.num_rows for o, u in zip(offs, win, strict=True)):
                     continue
                 if not lenient and self._saved_mixing != (self.shuffle_window, self.seed):
@@ -488,7 +637,7 @@ class ParquetLoader:
                         f"{held} of them (state saved with shuffle_window={sw}, seed={ss}); resume with the "
                         f"same shuffle_window, seed and shuffle_units")
                 unfit = True
-        if not unfit:
+        if not unfit and not foreign:
             self._streams = self.num_streams  # every window resumes its own interleaving
         return unfit
 
@@ -497,8 +646,9 @@ class ParquetLoader:
 
     # ------------------------------------------------------------------ iteration
     def __iter__(self) -> Iterator[Batch]:
-        lenient = self._check_resume()
-        stream = _Stream(self.schema, self.units(), dict(self._offsets), self.batch_size, self.drop_last,
+        streams, starts, foreign = self._stream_units()
+        lenient = self._check_resume(streams, starts, foreign)
+        stream = _Stream(self.schema, streams, starts, self.batch_size, self.drop_last,
                          self.on_error, self.problems.keep, self.read_rows, self.shuffle_window, self.seed,
                          self.epoch, lenient)
         if self.num_workers == 0:

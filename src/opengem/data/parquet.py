@@ -35,6 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from opengem.data.commit import fsync_file
 from opengem.data.dataset import arrow_schema
 from opengem.data.schema import FeatureSchema
 from opengem.errors import OpengemError
@@ -208,9 +209,10 @@ class CanonicalWriter:
 
     Row groups are the loader's unit of work (sharding and resume), so they are cut to exactly
     ``row_group_size`` rows whatever the sizes of the pieces written. Data goes to a hidden temporary
-    name and is renamed over ``path`` on a clean close: an exception inside the ``with`` block leaves
-    any earlier file at ``path`` untouched. Page checksums are written so that corruption is detected
-    on read instead of decoded as garbage.
+    name, fsynced and renamed over ``path`` on a clean close: an exception inside the ``with`` block
+    leaves any earlier file at ``path`` untouched. Page checksums are written so that corruption is
+    detected on read instead of decoded as garbage. (A whole dataset is committed with its markers by
+    :mod:`opengem.data.commit`: write its files into a ``staged_dir``, or ``mark_complete`` it.)
 
     ``write`` takes a pyarrow Table or RecordBatch, or a dict column -> values where values are a
     pyarrow array, a 1-D numpy array, a Python list, or for list columns a ``(lengths, flat_values)`` pair.
@@ -290,6 +292,7 @@ class CanonicalWriter:
             if self._pending_rows:
                 self._flush(self._pending_rows)
             self._open().close()
+            fsync_file(self.tmp)  # the data is on disk before the name says the file is complete
             os.replace(self.tmp, self.path)
         except BaseException:
             self.abort()

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import tomli_w
+
 from opengem.errors import OpengemError
 
 POOLINGS = ("sum", "mean")
@@ -215,14 +217,7 @@ class FeatureSchema:
 
     @classmethod
     def load(cls, path: str | Path) -> FeatureSchema:
-        path = Path(path)
-        try:
-            data = tomllib.loads(path.read_text())
-        except FileNotFoundError:
-            raise SchemaError(f"{path}: schema file not found") from None
-        except tomllib.TOMLDecodeError as e:
-            raise SchemaError(f"{path}: not valid TOML: {e}") from None
-        return _parse_schema(data, str(path))
+        return _parse_schema(read_toml(path, SchemaError, "schema"), str(path))
 
 
 # --------------------------------------------------------------------------- parsing
@@ -394,46 +389,48 @@ def _parse_schema(d: dict[str, Any], src: str) -> FeatureSchema:
     return schema
 
 
-# --------------------------------------------------------------------------- TOML writing
-def _toml_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    if isinstance(v, str):
-        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+# --------------------------------------------------------------------------- TOML reading and writing
+def read_toml(path: str | Path, error: type[Exception], what: str) -> dict[str, Any]:
+    """Read a TOML file, turning each way it can be unreadable into one ``error`` naming the path.
+
+    Shared by the schema and config loaders (``opengem.config`` imports it from here, the lower module):
+    a folder, a missing file, non-UTF-8 bytes or a TOML syntax error becomes one line the CLI can print,
+    not a traceback.
+    """
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except FileNotFoundError:
+        raise error(f"{p}: {what} file not found") from None
+    except IsADirectoryError:
+        raise error(f"{p}: is a folder; give the path of a {what} TOML file") from None
+    except PermissionError:
+        raise error(f"{p}: permission denied reading the {what} file") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise error(f"{p}: not UTF-8 text (line {line}, byte {e.start}: {e.reason}); "
+                    f"save the {what} file as UTF-8") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise error(f"{p}: not valid TOML: {e}") from None
+
+
+def dumps_toml(d: dict[str, Any]) -> str:
+    """TOML text that ``tomllib`` reads back to ``d`` exactly (None values omitted: TOML has no null).
+
+    Written by tomli_w, not by hand: a resolved run config must round-trip exactly (an empty list, an
+    empty table, 1e-8, a quoted or non-ASCII string, a dotted key), or ``evaluate`` and ``--resume``
+    rebuild a different model than the one trained.
+    """
+    return tomli_w.dumps(_drop_none(d))
+
+
+def _drop_none(v: Any) -> Any:
     if isinstance(v, dict):
-        return "{ " + ", ".join(f"{k} = {_toml_value(x)}" for k, x in v.items()) + " }"
-    raise TypeError(f"cannot write {type(v).__name__} to TOML")
-
-
-def dumps_toml(d: dict[str, Any], prefix: str = "") -> str:
-    """Minimal TOML writer for nested dicts and arrays of tables (the stdlib only reads TOML)."""
-    lines: list[str] = []
-    tables: list[tuple[str, dict[str, Any]]] = []
-    arrays: list[tuple[str, list[dict[str, Any]]]] = []
-    for k, v in d.items():
-        if isinstance(v, dict) and not prefix.count(".") > 4:
-            tables.append((k, v))
-        elif isinstance(v, list) and v and all(isinstance(x, dict) for x in v):
-            arrays.append((k, v))
-        elif isinstance(v, list) and not v:
-            continue
-        elif v is None:
-            continue
-        else:
-            lines.append(f"{k} = {_toml_value(v)}")
-    out = "\n".join(lines) + ("\n" if lines else "")
-    for k, v in tables:
-        name = f"{prefix}{k}"
-        out += f"\n[{name}]\n" + dumps_toml(v, prefix=f"{name}.")
-    for k, items in arrays:
-        name = f"{prefix}{k}"
-        for item in items:
-            flat = {kk: vv for kk, vv in item.items()}
-            out += f"\n[[{name}]]\n" + "\n".join(
-                f"{kk} = {_toml_value(vv)}" for kk, vv in flat.items()
-            ) + "\n"
-    return out
+        return {k: _drop_none(x) for k, x in v.items() if x is not None}
+    if isinstance(v, (list, tuple)):
+        return [_drop_none(x) for x in v]
+    return v

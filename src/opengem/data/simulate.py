@@ -3,7 +3,9 @@
 It exists so every command runs on a fresh machine with no data, and because it knows the true
 probability of every label it can report the oracle NE, the floor no model can beat. The world model
 lives in ``sim_core.py``; the knobs and the schema in ``sim_config.py``; this module streams chunks to
-canonical Parquet (one folder per day), truth files and ``summary.json``.
+canonical Parquet (one folder per day), truth files and ``summary.json``. The dataset is built in a
+temporary sibling folder and renamed into place with its completion markers (``commit.staged_dir``): an
+interrupted run leaves no half-written day that a reader could take for a finished one.
 
 Python API::
 
@@ -16,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from opengem.data.commit import check_target, staged_dir
 from opengem.data.dataset import TRUTH_DIR, arrow_schema
 from opengem.data.oracle import NEAccumulator, format_table
 from opengem.data.schema import FeatureSchema
@@ -95,23 +97,23 @@ def _day_dir(day: int) -> str:
     return f"day={day:03d}"
 
 
-def _clear(out: Path, force: bool) -> None:
-    ours = [p for p in out.iterdir() if p.name.startswith("day=") or p.name in (TRUTH_DIR, "schema.toml",
-                                                                                 "summary.json")]
-    if ours and not force:
-        raise SimConfigError(f"simulate: {out} already holds a dataset ({ours[0].name}); pass --force to "
-                             "replace it")
-    for p in ours:
-        shutil.rmtree(p) if p.is_dir() else p.unlink()
-
-
 def simulate(cfg: SimConfig, out_dir: str | Path, force: bool = False,
              progress: bool = False) -> dict[str, Any]:
-    """Write the dataset to ``out_dir`` and return the summary (also written as summary.json)."""
+    """Write the dataset to ``out_dir`` and return the summary (also written as summary.json).
+
+    ``out_dir`` must be missing or empty unless ``force``, which replaces a dataset there (only once the
+    new one is complete); a folder holding anything else is never replaced.
+    """
     cfg.validate()
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    _clear(out, force)
+    check_target(out_dir, force)  # before any work: a refusal should be instant
+    with staged_dir(out_dir, writer="opengem simulate", force=force) as st:
+        summary = _write(cfg, st.path, progress)
+        st.record["seed"] = cfg.seed
+    return summary
+
+
+def _write(cfg: SimConfig, out: Path, progress: bool) -> dict[str, Any]:
+    """Write every file of the dataset into ``out`` (a staging folder) and return the summary."""
     schema = sim_schema(cfg)
     schema.save(out / "schema.toml")
     aschema, tschema = arrow_schema(schema), truth_schema(schema)
@@ -216,11 +218,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     cfg = SimConfig(**{f: getattr(args, f) for f in _FLAGS.values()})
-    try:
-        summary = simulate(cfg, args.out, force=args.force, progress=not args.quiet)
-    except SimConfigError as e:
-        print(f"error: {e}")
-        return 2
+    summary = simulate(cfg, args.out, force=args.force, progress=not args.quiet)
     print(f"wrote {cfg.rows:,} rows over {cfg.days} days to {args.out} in {summary['seconds']:.1f}s "
           f"({summary['rows_per_s']:,.0f} rows/s, mean history {summary['mean_seq_len']:.1f} events)")
     title = "oracle NE (true probabilities as predictions; base rate = observed rate of that surface x task)"

@@ -26,7 +26,7 @@ from typing import Any
 
 from torch import nn
 
-from opengem.train.config import COMPILE_BACKENDS
+from opengem.train.config import COMPILE_BACKENDS, RunConfig
 
 CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 
@@ -98,3 +98,12 @@ def compile_counters() -> dict[str, Any]:
         "unique_graphs": int(stats.get("unique_graphs", 0)),
         "calls_captured": int(stats.get("calls_captured", 0)),
     }
+
+
+def prepare_compile(cfg: RunConfig) -> dict[str, Any]:
+    """With ``train.compile``: the persistent cache folder, and static sequence shapes (no recompiles)."""
+    if not cfg.train.compile:
+        return {}
+    cache = configure_compile_cache(cfg.train.compile_cache_dir or None)
+    cfg.model.embedding.pad_to_max_len = True  # saved in config.toml, so evaluation rebuilds the same
+    return {"cache_dir": str(cache), "backend": cfg.train.compile_backend}

@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from opengem.config import ConfigError, load_config
+from opengem.data.splits import spec_tokens
+from opengem.errors import DatasetError
 from opengem.model.registry import ModelConfig
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -27,8 +29,10 @@ SHARDINGS = ("auto", "table_wise", "row_wise", "column_wise")  # train.sharding 
 class DataConfig:
     path: str = ""  # dataset folder; "" = the embedded default, simulated into RUN/data with [data.sim]
     sim: dict[str, Any] = field(default_factory=dict)  # SimConfig overrides (opengem.data.sim_config)
-    train: str = "@all_but_last"  # partition spec (data.dataset); time-ordered: evaluate on the future
-    eval: str = "@last"
+    # Partition specs (opengem.data.splits): the train split and the valid split of a converted dataset,
+    # or every day but the last and the last day ("evaluate on the future") of a simulated one.
+    train: str = "@train"
+    eval: str = "@valid"
     batch_size: int = 256
     eval_batch_size: int = 0  # 0 = batch_size
     num_workers: int = 0
@@ -142,6 +146,11 @@ class RunConfig:
         need(d.shuffle_window >= 0, "data.shuffle_window", "must be >= 0", d.shuffle_window)
         need(d.on_error in ("", "error", "skip"), "data.on_error", 'must be "", "error" or "skip"',
              d.on_error)
+        for k in ("train", "eval"):
+            try:
+                spec_tokens(getattr(d, k))
+            except DatasetError as e:
+                raise ConfigError(f"data.{k}: {e}") from None
 
 
 def load_run_config(path: str | Path | None, overrides: list[str] | None = None) -> RunConfig:

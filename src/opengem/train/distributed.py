@@ -22,6 +22,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from opengem.errors import DatasetError
+
 log = logging.getLogger("opengem.train")
 
 
@@ -155,9 +157,11 @@ def lockstep(batches: Iterable[Any], device: torch.device,
         if not any_true(batch is not None, device):
             return
         if batch is None and last is None:
-            raise RuntimeError(f"rank {rank()} has no rows to evaluate while other ranks do: the evaluation "
-                               "partitions have fewer row groups than ranks (use fewer processes or more "
-                               "row groups)")
+            # The loader splits rows, not only row groups, between ranks: a rank gets none only when the
+            # files hold fewer rows than ranks x workers, or every row of its share was skipped as bad.
+            raise DatasetError(f"rank {rank()} of {world_size()} has no rows to evaluate while other ranks "
+                               "do: the evaluation partitions hold fewer usable rows than ranks x data "
+                               "workers; use fewer processes or evaluate more rows")
         n += 1
         if batch is not None:
             last = batch

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import warnings
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -18,9 +19,28 @@ from torch import nn
 
 from opengem.data.batch import Batch
 from opengem.data.dataset import Dataset
+from opengem.data.oracle import oracle_ne
 from opengem.data.schema import FeatureSchema
+from opengem.errors import DatasetError, OpengemError
 from opengem.metrics import NE_BASE_RATE, MetricAccumulator
 from opengem.model.heads import masked_bce
+from opengem.train import checkpoint as ckpt
+from opengem.train.compile import prepare_compile
+from opengem.train.config import load_run_config
+from opengem.train.data import make_loader
+from opengem.train.distributed import gather_objects, lockstep, process_group, world_size
+from opengem.train.env import cpu_threads, resolve_device
+from opengem.train.parallelize import build_run_model
+from opengem.train.run_dir import checkpoint_run_id
+from opengem.train.step import task_weights
+
+
+class EvalDataError(DatasetError):
+    """The evaluation rows give nothing to measure: no rows, or no observed label in any of them."""
+
+
+class RunNotFoundError(OpengemError, FileNotFoundError):
+    """``--run`` is not a training run folder."""
 
 
 @torch.no_grad()
@@ -31,12 +51,10 @@ def evaluate_model(model: nn.Module, batches: Iterable[Batch], schema: FeatureSc
     Under several ranks each rank passes its own shard; ranks step in lockstep (a sharded model needs
     every rank in every forward) and predictions are gathered, so every rank returns the global metrics.
     """
-    from opengem.train.distributed import gather_objects, lockstep, world_size
-
     model.eval()
     acc = MetricAccumulator(schema.surfaces, schema.task_names)
-    weights = torch.tensor([t.weight for t in schema.tasks], dtype=torch.float32, device=device)
-    loss_sum, n_batches, rows = 0.0, 0, 0
+    weights = task_weights(schema, device)
+    loss_sum, n_batches, rows, labelled = 0.0, 0, 0, 0
     for batch, real in lockstep(batches, device, max_batches):
         batch = batch.to(device)
         logits = model(batch).logits
@@ -45,39 +63,40 @@ def evaluate_model(model: nn.Module, batches: Iterable[Batch], schema: FeatureSc
         loss_sum += float(masked_bce(logits, batch.labels, batch.label_mask, weights))
         n_batches += 1
         rows += batch.batch_size
+        labelled += int(batch.label_mask.bool().sum())
         acc.update(torch.sigmoid(logits.float()), batch.labels, batch.label_mask, batch.surface)
     if world_size() > 1:
-        parts = gather_objects((loss_sum, n_batches, rows, acc._p, acc._y))
-        loss_sum, n_batches, rows = (sum(x[i] for x in parts) for i in range(3))
-        acc._p, acc._y = {}, {}
-        for _, _, _, ps, ys in parts:
-            for k in ps:
-                acc._p.setdefault(k, []).extend(ps[k])
-                acc._y.setdefault(k, []).extend(ys[k])
+        parts = gather_objects((loss_sum, n_batches, rows, labelled, acc.state()))
+        loss_sum, n_batches, rows, labelled = (sum(x[i] for x in parts) for i in range(4))
+        acc = MetricAccumulator(schema.surfaces, schema.task_names)
+        for *_, state in parts:  # in rank order, as before
+            acc.merge(state)
     if rows == 0:
-        raise ValueError("evaluate: the evaluation partitions gave no rows")
+        raise EvalDataError("the evaluation partitions gave no rows")
+    if labelled == 0:  # the loss would read 0.0 and the metrics be empty: nothing was measured
+        raise EvalDataError(f"none of the {rows} evaluation rows has an observed label (every task label is "
+                            "null): nothing to evaluate; choose partitions with labels")
     return {"metrics": acc.compute(), "loss": loss_sum / n_batches, "rows": rows}
+
+
+class Validator:
+    """Evaluation during training decides its own timing: every ``every`` steps (0 = only at the end),
+    on at most ``max_batches`` batches (0 = all)."""
+
+    def __init__(self, every: int = 0, max_batches: int = 0) -> None:
+        self.every, self.max_batches = every, max_batches
+
+    def should_run(self, step: int) -> bool:
+        return bool(self.every) and step % self.every == 0
 
 
 def evaluate_run(run_dir: str | Path, data_dir: str | Path | None = None, partitions: str | None = None,
                  device: str | None = None, write: bool = True) -> dict[str, Any]:
     """Rebuild a run's model from RUN/config.toml, load its checkpoint, evaluate and write RUN/eval.json."""
-    from opengem.data.oracle import oracle_ne
-    from opengem.train import checkpoint as ckpt
-    from opengem.train.config import load_run_config
-    from opengem.train.trainer import (
-        build_run_model,
-        cpu_threads,
-        make_loader,
-        prepare_compile,
-        process_group,
-        resolve_device,
-    )
-
     run_dir = Path(run_dir)
     cfg_path = run_dir / "config.toml"
     if not cfg_path.exists():
-        raise FileNotFoundError(f"{run_dir}: no config.toml (is it a training run folder?)")
+        raise RunNotFoundError(f"{run_dir}: no config.toml (is it a training run folder?)")
     cfg = load_run_config(cfg_path)
     prepare_compile(cfg)  # a compiled run evaluates with the same persistent compile cache
     data_path = Path(data_dir or cfg.data.path)
@@ -85,11 +104,14 @@ def evaluate_run(run_dir: str | Path, data_dir: str | Path | None = None, partit
     spec = partitions or cfg.data.eval
     chosen = ds.select(spec)
     dev = resolve_device(device or cfg.train.device)
-    path = ckpt.latest_checkpoint(run_dir)
+    path = ckpt.latest_checkpoint(run_dir, run_id=checkpoint_run_id(run_dir))  # only the run's own
     with process_group(dev) as pg, cpu_threads(cfg.train.threads):
-        model, _ = build_run_model(ds.schema, cfg, dev, pg)
+        model = build_run_model(ds.schema, cfg, dev, pg).model
         step = ckpt.load_model(model, path)
-        res = evaluate_model(model, make_loader(ds, spec, cfg.data, train=False), ds.schema, dev)
+        try:
+            res = evaluate_model(model, make_loader(ds, spec, cfg.data, train=False), ds.schema, dev)
+        except EvalDataError as e:
+            raise EvalDataError(f"{data_path}: partitions {', '.join(chosen)}: {e}") from None
     out: dict[str, Any] = {
         "model": cfg.model.name,
         "checkpoint": str(path),
@@ -141,8 +163,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import warnings
-
     warnings.filterwarnings("ignore", category=FutureWarning)  # TorchRec/DCP deprecation notices
     out = evaluate_run(args.run, args.data, args.partitions, args.device)
     print(format_metrics({out["model"]: out}, out.get("oracle")))

@@ -33,16 +33,26 @@ def embedding_modules(model: nn.Module) -> list[nn.Module]:
     return [m for m in model.modules() if isinstance(m, (EmbeddingBagCollection, EmbeddingCollection))]
 
 
-def apply_sparse_optimizer(model: nn.Module, cfg: TrainConfig) -> int:
-    """Attach the fused sparse optimizer to every embedding table; returns the number of tables."""
-    params = [p for m in embedding_modules(model) for p in m.parameters()]
-    if not params:
-        return 0
-    kwargs: dict[str, float] = {"lr": cfg.sparse_lr}
-    if cfg.sparse_optimizer != "sgd":
-        kwargs["eps"] = cfg.sparse_eps
-    apply_optimizer_in_backward(SPARSE_CLASSES[cfg.sparse_optimizer], params, kwargs)
-    return len(params)
+def apply_sparse_optimizer(model: nn.Module, cfg: TrainConfig,
+                           lr_scale: dict[int, float] | None = None) -> int:
+    """Attach the fused sparse optimizer to every embedding table; returns the number of tables.
+
+    ``lr_scale``: ``id(parameter)`` -> multiplier of ``sparse_lr`` for tables shared from another model
+    (a vertical model's copy of FM tables, at a lower rate or frozen at 0); the rest train at ``sparse_lr``.
+    """
+    scale = lr_scale or {}
+    groups: dict[float, list[nn.Parameter]] = {}
+    for m in embedding_modules(model):
+        for p in m.parameters():
+            groups.setdefault(scale.get(id(p), 1.0), []).append(p)
+    cls = SPARSE_CLASSES[cfg.sparse_optimizer]
+    for s, params in sorted(groups.items(), key=lambda kv: kv[0] != 1.0):  # the model's own tables first
+        kwargs: dict[str, float] = {"lr": cfg.sparse_lr * s}
+        if cfg.sparse_optimizer != "sgd":
+            kwargs["eps"] = cfg.sparse_eps
+        # a frozen table still needs an in-backward optimizer (DMP fuses every table): one with lr 0
+        apply_optimizer_in_backward(cls if kwargs["lr"] > 0 else RowWiseAdagrad, params, kwargs)
+    return sum(len(v) for v in groups.values())
 
 
 def dense_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
@@ -86,11 +96,28 @@ class Optimizers(NamedTuple):
     sparse: Any
 
 
-def build_optimizers(model: nn.Module, cfg: TrainConfig) -> Optimizers:
+def build_optimizers(model: nn.Module, cfg: TrainConfig, lr_scale: dict[int, float] | None = None
+                     ) -> Optimizers:
+    """``lr_scale``: ``id(parameter)`` -> multiplier of ``lr`` (0 = frozen): such parameters get their own
+    AdamW group without weight decay (parameters shared from another model). Identity holds where
+    ``parallelize`` keeps dense parameters as they are (one process, no FSDP)."""
     dense = dense_parameters(model)
-    opt = build_dense_optimizer(dense, cfg)
+    scale = lr_scale or {}
+    own = {n: p for n, p in dense.items() if scale.get(id(p), 1.0) == 1.0}
+    opt = build_dense_optimizer(own, cfg)
+    shared: dict[float, list[nn.Parameter]] = {}
+    for p in dense.values():
+        if scale.get(id(p), 1.0) != 1.0:
+            shared.setdefault(scale[id(p)], []).append(p)
+    for s, params in shared.items():
+        if s == 0.0:
+            for p in params:
+                p.requires_grad_(False)
+        else:
+            opt.add_param_group({"params": params, "lr": cfg.lr * s, "weight_decay": 0.0})
     fused = getattr(model, "fused_optimizer", None)
-    return Optimizers(list(dense.values()), opt, build_scheduler(opt, cfg), fused)
+    live = [p for p in dense.values() if p.requires_grad]
+    return Optimizers(live, opt, build_scheduler(opt, cfg), fused)
 
 
 def clip_dense_gradients(params: list[nn.Parameter], max_norm: float) -> float:

@@ -25,7 +25,7 @@ one rank with batch N*B (exactly for N a power of two: the scale is exact in flo
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -37,9 +37,13 @@ from torchrec.distributed.sharding_plan import get_default_sharders
 from torchrec.distributed.types import ShardingEnv
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
+from opengem.data.schema import FeatureSchema
 from opengem.errors import UsageError
-from opengem.train.config import SHARDINGS, TrainConfig
-from opengem.train.optim import embedding_modules
+from opengem.model.registry import build_model
+from opengem.train import distributed
+from opengem.train.config import SHARDINGS, RunConfig, TrainConfig
+from opengem.train.optim import apply_sparse_optimizer, embedding_modules
+from opengem.train.startup import StartupTimer
 
 # "auto" leaves column-wise out: row-wise optimizer state of column-wise tables cannot be resharded when
 # the number of column shards changes (DESIGN §9), which would break loading into another world size.
@@ -241,3 +245,42 @@ def init_from_full(model: nn.Module, full: dict[str, torch.Tensor]) -> None:
             elif isinstance(v, torch.Tensor):
                 v.copy_(src)
     model.load_state_dict(state)
+
+
+# --------------------------------------------------------------------------- a run's model
+class ParallelModel(NamedTuple):
+    """What :func:`build_run_model` made: the model to train and evaluate, the plain model inside it (for
+    FLOPs and introspection), and what parallelize did (plan, FSDP units, mesh, ``dense_grad_scale``)."""
+
+    model: nn.Module
+    plain: nn.Module
+    info: dict[str, Any]
+
+    @property
+    def dense_grad_scale(self) -> float:
+        return float(self.info.get("dense_grad_scale", 1))
+
+
+def build_run_model(schema: FeatureSchema, cfg: RunConfig, device: torch.device, pg: dist.ProcessGroup,
+                    timer: StartupTimer | None = None, *, plain: nn.Module | None = None,
+                    lr_scale: dict[int, float] | None = None) -> ParallelModel:
+    """Build (or take) the plain model, attach the fused sparse optimizer and parallelize it.
+
+    Every rank builds the same full model from the seed and the sharded model copies its shards from
+    it, so the initial parameters do not depend on the world size or sharding plan. ``plain``: a model
+    the caller built (a vertical model with FM parameters copied in), used instead of ``cfg.model``;
+    ``lr_scale``: ``id(parameter)`` -> multiplier of its learning rates (0 = frozen), see ``optim``.
+    """
+    timer = timer or StartupTimer()
+    with timer.phase("model_build"):
+        if plain is None:
+            torch.manual_seed(cfg.train.seed)
+            plain = build_model(schema, cfg.model)
+        full = full_state(plain)
+        apply_sparse_optimizer(plain, cfg.train, lr_scale)
+    with timer.phase("sharding"):
+        mesh = distributed.dense_mesh(device, cfg.train.dp_replicate, cfg.train.dp_shard)
+        model, info = parallelize(plain, mesh, cfg.train, device, pg)
+        init_from_full(model, full)
+    torch.manual_seed(cfg.train.seed + distributed.rank())  # e.g. dropout: a different stream per rank
+    return ParallelModel(model, plain, info)

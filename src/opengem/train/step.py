@@ -14,19 +14,34 @@ import torch
 from torch import nn
 
 from opengem.data.batch import Batch
+from opengem.data.schema import FeatureSchema
 from opengem.model.heads import masked_bce
+from opengem.model.output import ModelOutput
 from opengem.train.config import TrainConfig
 from opengem.train.memory import autocast, maybe_fp8_saved_activations
 from opengem.train.optim import clip_dense_gradients
 
 
-def forward_loss(model: nn.Module, batch: Batch, weights: torch.Tensor, t: TrainConfig,
-                 device: torch.device) -> torch.Tensor:
-    """Forward under the configured precision and saved-activation format; the masked task-weighted BCE."""
+def task_weights(schema: FeatureSchema, device: torch.device) -> torch.Tensor:
+    """The schema's task weights as the loss takes them (the one place they are built)."""
+    return torch.tensor([t.weight for t in schema.tasks], dtype=torch.float32, device=device)
+
+
+def forward(model: nn.Module, batch: Batch, t: TrainConfig, device: torch.device) -> ModelOutput:
+    """The training forward under the configured precision and saved-activation format."""
     model.train()
     with autocast(t.precision, device), maybe_fp8_saved_activations(t.fp8_saved_activations, t.fp8_min_numel):
-        out = model(batch)
+        return model(batch)
+
+
+def label_loss(out: ModelOutput, batch: Batch, weights: torch.Tensor) -> torch.Tensor:
+    """The masked, task-weighted BCE of the serving logits (in fp32 whatever the forward's precision)."""
     return masked_bce(out.logits.float(), batch.labels, batch.label_mask, weights)
+
+
+def forward_loss(model: nn.Module, batch: Batch, weights: torch.Tensor, t: TrainConfig,
+                 device: torch.device) -> torch.Tensor:
+    return label_loss(forward(model, batch, t, device), batch, weights)
 
 
 def optimizer_step(loss: torch.Tensor, opt: torch.optim.Optimizer, sched: Any, dense: list[nn.Parameter],

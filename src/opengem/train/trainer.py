@@ -1,383 +1,466 @@
-"""One training run in one process: data -> sharded model -> fused sparse + dense optimizers -> logs.
+"""The one Trainer: every kind of training (a run, online training, the benchmark, the quality harness,
+vertical models) builds one and calls its methods; none writes its own loop of zero_grad/backward/step.
+
+torchtitan-style: the constructor builds everything once -- device, process group, data, the parallelized
+model (TorchRec DMP for tables, FSDP2 for dense blocks, compile and memory savers applied from outside),
+optimizers, checkpointer, validator and run log; ``train_step(batch)`` takes one step through the shared
+``opengem.train.step`` (precision, FP8 saved activations, task-weighted masked BCE plus any extra losses a
+caller hooks in, dense gradient scaling and clipping); ``evaluate()``; ``fit()`` runs the loop, in which
+components decide their own timing (``checkpointer.should_save(step)``, ``validator.should_run(step)``);
+``state_dict()`` / ``load_state_dict()`` carry the counters a resume needs.
+
+Outputs in RUN/ (when there is a run folder): run.json (the run id), config.toml (resolved), metrics.jsonl
+(one JSON record per log/eval), tb/ (TensorBoard), checkpoints/ (DCP), train_summary.json. The folder is
+locked and owned by one run for its life (train/run_dir.py). SIGINT/SIGTERM during ``fit`` finish the step,
+save a periodic checkpoint and end the run with :class:`RunInterrupted` (exit 130/143), so ``--resume``
+continues exactly. Without a run folder (vertical models trained in memory by the transfer experiment)
+nothing is written and nothing is locked.
 
 The model always goes through TorchRec's DistributedModelParallel, even alone on a CPU, so the fused
 sparse optimizer runs and the multi-process path (torchrun) differs only in the process group. When no
-process group exists, a 1-process one is created on a FileStore (gloo on CPU, NCCL on CUDA) and
-destroyed at the end, so one Python process can run several trainings (tests, the demo).
-
-Outputs in RUN/: config.toml (resolved), metrics.jsonl (one JSON record per log/eval), tb/ (TensorBoard),
-checkpoints/final (DCP), train_summary.json.
+process group exists, a 1-process one is created (train/distributed.py) and destroyed by ``close()``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
-import math
-import os
-import shutil
+import resource
+import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
-from torchrec.distributed import DistributedModelParallel
+from tqdm import tqdm
 
-from opengem.config import flatten_dict, save_config
+from opengem.config import save_config
+from opengem.data.batch import Batch
 from opengem.data.dataset import Dataset
 from opengem.data.schema import FeatureSchema
-from opengem.errors import OpengemError
-from opengem.model.registry import build_model
+from opengem.data.splits import check_disjoint
+from opengem.errors import OpengemError, TrainError
+from opengem.model.output import ModelOutput
 from opengem.train import checkpoint as ckpt
 from opengem.train import distributed
-from opengem.train.compile import compile_counters
-from opengem.train.config import DataConfig, RunConfig, TrainConfig
-from opengem.train.optim import (
-    apply_sparse_optimizer,
-    build_optimizers,
-)
-from opengem.train.parallelize import full_state, init_from_full, parallelize, shard_tables, table_names
+from opengem.train import run_dir as rundir
+from opengem.train.compile import compile_counters, prepare_compile
+from opengem.train.config import RunConfig
+from opengem.train.data import data_location, make_loader, prepare_data
+from opengem.train.env import cpu_threads, resolve_device
+from opengem.train.evaluate import EvalDataError, Validator, evaluate_model
+from opengem.train.optim import build_optimizers
+from opengem.train.parallelize import build_run_model
+from opengem.train.run_log import RunLog, short_metrics
+from opengem.train.signals import StopSignals
 from opengem.train.startup import StartupTimer
-from opengem.train.step import forward_loss, optimizer_step
+from opengem.train.step import forward, label_loss, optimizer_step, task_weights
 
-SIM_MARKER = ".opengem_sim_config.json"
+__all__ = ["ExtraLosses", "RunInterrupted", "TrainError", "Trainer", "train"]
 
-
-class TrainError(OpengemError, RuntimeError):
-    pass
-
-
-# --------------------------------------------------------------------------- environment
-def resolve_device(name: str) -> torch.device:
-    if name == "cuda" and not torch.cuda.is_available():
-        raise TrainError("train.device = 'cuda' but no CUDA device is available (use 'auto' or 'cpu')")
-    if name == "cpu" or (name == "auto" and not torch.cuda.is_available()):
-        return torch.device("cpu")
-    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))  # an index: set_device and DMP need one
+# Extra terms of the loss (knowledge distillation, ...): (model output, batch) -> {name: scalar loss}.
+ExtraLosses = Callable[[ModelOutput, Batch], dict[str, torch.Tensor]]
 
 
-@contextlib.contextmanager
-def cpu_threads(n: int) -> Iterator[None]:
-    """Run with n intra-op threads (0 = unchanged) and restore: tiny models lose time to OpenMP sync."""
-    old = torch.get_num_threads()
-    if n > 0:
-        torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(old)
+class RunInterrupted(TrainError):
+    """SIGINT/SIGTERM stopped the run after a step; the message says where it was saved and how to go on.
+
+    ``exit_code`` is the shell's for the signal (130 SIGINT, 143 SIGTERM)."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
-@contextlib.contextmanager
-def process_group(device: torch.device, timeout_s: float = 600.0) -> Iterator[dist.ProcessGroup]:
-    """The existing default group, torchrun's, or a private 1-process one (see train/distributed.py)."""
-    with distributed.process_group(device, timeout_s) as pg:
-        yield pg
+NO_RUN = {"run_id": None, "checkpoint_run_id": None, "continuing": False, "moved_aside": None,
+          "config_changes": {}}
 
 
-def shard_model(model: nn.Module, device: torch.device, pg: dist.ProcessGroup,
-                cfg: TrainConfig | None = None) -> nn.Module:
-    """Tables sharded by TorchRec's planner (``parallelize.shard_tables``); dense part left unsharded."""
-    if not table_names(model):
-        return model.to(device)
-    return shard_tables(model, device, pg, cfg or TrainConfig())
+class Trainer:
+    """One model's training. See the module docstring; arguments beyond ``train``'s:
 
-
-def build_run_model(schema: FeatureSchema, cfg: RunConfig, device: torch.device,
-                    pg: dist.ProcessGroup, timer: StartupTimer | None = None) -> tuple[nn.Module, nn.Module]:
-    """(sharded model to train/evaluate, the plain model inside it for FLOPs and introspection).
-
-    Every rank builds the same full model from the seed and the sharded model copies its shards from
-    it, so the initial parameters do not depend on the world size or sharding plan.
+    ``schema``: read the dataset with this schema (a vertical model's view of a shared dataset);
+    ``plain``: train this already built plain model instead of building ``cfg.model`` (its parameters
+    are copied into the shards as they are); ``lr_scale``: ``id(parameter)`` -> multiplier of its
+    learning rates, 0 = frozen (parameters shared from an FM); ``extra_losses``: added to the label loss
+    at every step (it may be replaced between calls, e.g. a new teacher per window).
     """
-    timer = timer or StartupTimer()
-    with timer.phase("model_build"):
-        torch.manual_seed(cfg.train.seed)
-        model = build_model(schema, cfg.model)
-        full = full_state(model)
-        apply_sparse_optimizer(model, cfg.train)
-    with timer.phase("sharding"):
-        mesh = distributed.dense_mesh(device, cfg.train.dp_replicate, cfg.train.dp_shard)
-        sharded, info = parallelize(model, mesh, cfg.train, device, pg)
-        init_from_full(sharded, full)
-    sharded.parallel_info = info  # plan, FSDP units, mesh, dense_grad_scale
-    torch.manual_seed(cfg.train.seed + distributed.rank())  # e.g. dropout: a different stream per rank
-    return sharded, model
 
-
-def prepare_compile(cfg: RunConfig) -> dict[str, Any]:
-    """With ``train.compile``: the persistent cache folder, and static sequence shapes (no recompiles)."""
-    if not cfg.train.compile:
-        return {}
-    from opengem.train.compile import configure_compile_cache
-
-    cache = configure_compile_cache(cfg.train.compile_cache_dir or None)
-    cfg.model.embedding.pad_to_max_len = True  # saved in config.toml, so evaluation rebuilds the same
-    return {"cache_dir": str(cache), "backend": cfg.train.compile_backend}
-
-
-def unwrap(model: nn.Module) -> nn.Module:
-    return model.module if isinstance(model, DistributedModelParallel) else model
-
-
-# --------------------------------------------------------------------------- data
-def prepare_data(cfg: DataConfig, run_dir: str | Path, data_dir: str | Path | None = None) -> Path:
-    """The dataset folder of a run: --data, else data.path, else the embedded default in RUN/data."""
-    if data_dir or cfg.path:
-        path = Path(data_dir or cfg.path)
-        Dataset(path)  # fail early and clearly when it is not a dataset
-        return path.resolve()
-    from opengem.data.sim_config import SimConfig
-    from opengem.data.simulate import simulate
-
-    sim = SimConfig.from_dict(dict(cfg.sim))
-    path = (Path(run_dir) / "data").resolve()
-    marker = path / SIM_MARKER
-    if marker.exists() and json.loads(marker.read_text()) == sim.to_dict():
-        return path  # same simulator config: reuse
-    shutil.rmtree(path, ignore_errors=True)
-    simulate(sim, path)
-    marker.write_text(json.dumps(sim.to_dict()))
-    return path
-
-
-def make_loader(ds: Dataset, spec: str, cfg: DataConfig, *, train: bool, seed: int = 0) -> Any:
-    from opengem.data.loader import ParquetLoader
-
-    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-    batch_size = cfg.batch_size if train or not cfg.eval_batch_size else cfg.eval_batch_size
-    return ParquetLoader(ds.files(spec), ds.schema, batch_size, rank=rank, world_size=world,
-                         num_workers=cfg.num_workers, on_error=cfg.on_error or None, drop_last=train,
-                         shuffle_units=train and cfg.shuffle, seed=seed,
-                         shuffle_window=cfg.shuffle_window if train else 0)  # evaluation never mixes rows
-
-
-def task_weights(schema: FeatureSchema, device: torch.device) -> torch.Tensor:
-    return torch.tensor([t.weight for t in schema.tasks], dtype=torch.float32, device=device)
-
-
-# --------------------------------------------------------------------------- logging
-class RunLog:
-    """metrics.jsonl + TensorBoard: every record goes to both."""
-
-    def __init__(self, run_dir: Path, enabled: bool = True) -> None:
-        self.enabled = enabled
-        self._file = open(run_dir / "metrics.jsonl", "a") if enabled else None  # noqa: SIM115
-        self._tb = None
-        if enabled:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._tb = SummaryWriter(str(run_dir / "tb"))
-
-    def write(self, record: dict[str, Any], step: int) -> None:
-        if not self.enabled:
-            return
-        self._file.write(json.dumps(record) + "\n")
-        self._file.flush()
-        for k, v in flatten_dict(record, "/").items():
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step" and math.isfinite(v):
-                self._tb.add_scalar(k, v, step)
-
-    def close(self) -> None:
-        if self._file:
-            self._file.close()
-        if self._tb:
-            self._tb.close()
-
-
-
-
-# --------------------------------------------------------------------------- training
-def train(cfg: RunConfig, run_dir: str | Path, data_dir: str | Path | None = None, *, resume: bool = False,
-          timer: StartupTimer | None = None) -> dict[str, Any]:
-    """Train per ``cfg`` and write the run folder; returns the summary also written to train_summary.json.
-
-    ``resume``: continue from the newest complete checkpoint in RUN/checkpoints (model, optimizers, lr
-    schedule, loader position, RNG, counters), or start afresh when there is none. Under torchrun every
-    rank calls this; rank 0 writes the run folder's files.
-    """
-    from opengem.train.evaluate import evaluate_model
-
-    timer = timer or StartupTimer()
-    cfg.validate()
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    device = resolve_device(cfg.train.device)
-    t = cfg.train
-
-    with process_group(device, t.dist_timeout_s) as pg, cpu_threads(t.threads):
-        is_main = dist.get_rank() == 0
-        world = dist.get_world_size()
-        with timer.phase("data_setup"):
-            if not is_main:
-                distributed.barrier()  # rank 0 simulates the embedded default first; the others reuse it
-            data_path = prepare_data(cfg.data, run_dir, data_dir)
-            if is_main:
-                distributed.barrier()
-            cfg.data.path = str(data_path)  # the resolved config names the data it trained on
-            ds = Dataset(data_path)
-            schema = ds.schema
-        compile_info = prepare_compile(cfg)  # before the model is built: it may pad sequences
-        if is_main:
-            save_config(cfg, run_dir / "config.toml")
-        model, plain = build_run_model(schema, cfg, device, pg, timer)
-        dense_list, opt, sched, fused = build_optimizers(model, t)
-        grad_scale = float(getattr(model, "parallel_info", {}).get("dense_grad_scale", 1))
-        resumed = None
-        start_step, start_epoch, start_examples, first_loss_saved, loader_state = 0, 0, 0, None, None
-        if resume:
-            with timer.phase("checkpoint_load"):
-                try:
-                    path = ckpt.latest_checkpoint(run_dir)
-                except ckpt.CheckpointError:
-                    path = None  # nothing saved yet: a fresh start
-                if path is not None:
-                    meta = ckpt.load(path, model, dense_opt=opt, sparse_opt=fused, scheduler=sched)
-                    extra = meta.get("extra", {})
-                    start_step, start_epoch = int(meta["step"]), int(extra.get("epoch", 0))
-                    start_examples = int(extra.get("examples", 0))
-                    first_loss_saved, loader_state = extra.get("first_loss"), meta.get("loader")
-                    resumed = {"checkpoint": str(path), "step": start_step,
-                               "saved_world_size": meta["world_size"]}
-        weights = task_weights(schema, device)
-        flops = int(plain.flops_per_example()) if hasattr(plain, "flops_per_example") else None
-        log = RunLog(run_dir, enabled=is_main)
-        log.write({"kind": "setup", "model": cfg.model.name, "flops_per_example": flops,
-                   "dense_params": sum(p.numel() for p in dense_list),
-                   "embedding_params": sum(v * d for v, d in schema.tables().values()),
-                   "device": str(device), "world_size": world, "data": str(data_path),
-                   "parallel": {k: v for k, v in getattr(model, "parallel_info", {}).items() if k != "plan"},
-                   "resumed": resumed}, start_step)
-
-        bar = None
-        if t.progress and is_main:
-            from tqdm import tqdm
-
-            bar = tqdm(total=t.steps or None, unit="step", desc=f"train {cfg.model.name}", dynamic_ncols=True)
-
-        step, examples, epoch, problems = start_step, start_examples, start_epoch, []
-        if bar is not None and step:
-            bar.update(step)
-        t_start = time.perf_counter()
-        window_loss, window_n, window_ex, window_t = 0.0, 0, 0, time.perf_counter()
-        first_loss, last_loss = first_loss_saved, None
-        done = bool((t.steps and step >= t.steps) or (not t.steps and epoch >= t.epochs))
-        step_seconds, first_step_done, t_step = 0.0, False, time.perf_counter()
-        end_position = loader_state  # the loader position saved with the final checkpoint
+    def __init__(self, cfg: RunConfig, run_dir: str | Path | None = None, data_dir: str | Path | None = None,
+                 *, resume: bool = False, force: bool = False, allow_config_change: bool = False,
+                 timer: StartupTimer | None = None, schema: FeatureSchema | None = None,
+                 plain: nn.Module | None = None, lr_scale: dict[int, float] | None = None,
+                 extra_losses: ExtraLosses | None = None) -> None:
+        self.timer = timer or StartupTimer()
+        cfg.validate()
+        self.cfg, self.t = cfg, cfg.train
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.device = resolve_device(cfg.train.device)
+        self.compile_info = prepare_compile(cfg)  # before the resume check and the model: may pad sequences
+        self.extra_losses = extra_losses
+        self._stack = contextlib.ExitStack()
         try:
-            while not done:
-                loader = make_loader(ds, cfg.data.train, cfg.data, train=True, seed=t.seed + epoch)
-                if loader_state is not None:
-                    loader.load_state_dict(loader_state)  # the saved position, merged over the saved ranks
-                    loader_state = None
-                seen_in_epoch = 0
-                t_step = time.perf_counter()
-                for batch in distributed.until_any_exhausted(loader, device):
-                    batch = batch.to(device)
-                    loss = forward_loss(model, batch, weights, t, device)
-                    if world > 1:
-                        # this rank's share of the global-batch mean: sum / (labels over all ranks)
-                        n_local = batch.label_mask.bool().sum().to(loss.dtype)
-                        loss = loss * n_local / distributed.all_reduce_sum(n_local).clamp(min=1)
-                    if not torch.isfinite(loss):
-                        raise TrainError(f"step {step}: loss is {loss.item()} "
-                                         "(lower train.lr or check the data)")
-                    gnorm = optimizer_step(loss, opt, sched, dense_list, t.grad_clip, grad_scale)
-                    step += 1
-                    seen_in_epoch += 1
-                    distributed.maybe_inject_failure(step)
-                    bsz = batch.batch_size * world
-                    examples += bsz
-                    lv = float(distributed.all_reduce_sum(loss.detach()) if world > 1 else loss.detach())
-                    now = time.perf_counter()
-                    if first_step_done:
-                        step_seconds += now - t_step
-                    else:
-                        timer.add("first_step", now - t_step)
-                        first_step_done = True
-                    first_loss = lv if first_loss is None else first_loss
-                    last_loss = lv
-                    window_loss += lv
-                    window_n += 1
-                    window_ex += bsz
-                    if bar is not None:
-                        bar.update(1)
-                    if step % t.log_every == 0:
-                        now = time.perf_counter()
-                        rate = window_ex / max(now - window_t, 1e-9)
-                        log.write({"kind": "train", "step": step, "epoch": epoch,
-                                   "loss": window_loss / window_n, "lr": opt.param_groups[0]["lr"],
-                                   "grad_norm": gnorm, "examples": examples, "examples_per_s": rate}, step)
-                        if bar is not None:
-                            bar.set_postfix(loss=f"{window_loss / window_n:.4f}", ex_s=f"{rate:,.0f}")
-                        window_loss, window_n, window_ex, window_t = 0.0, 0, 0, now
-                    if t.eval_every and step % t.eval_every == 0:
-                        res = evaluate_model(model, make_loader(ds, cfg.data.eval, cfg.data, train=False),
-                                             schema, device, max_batches=t.eval_max_batches)
-                        log.write({"kind": "eval", "step": step, **_short(res)}, step)
-                    if t.checkpoint_every and step % t.checkpoint_every == 0:
-                        ckpt.save(ckpt.checkpoint_dir(run_dir, step), step, model, dense_opt=opt,
-                                  sparse_opt=fused, scheduler=sched, loader_state=loader.state_dict(),
-                                  keep=t.keep_checkpoints,
-                                  extra={"epoch": epoch, "examples": examples, "first_loss": first_loss})
-                    if t.steps and step >= t.steps:
-                        done = True
-                        end_position = loader.state_dict()  # mid-epoch: a later --resume with more steps
-                        break
-                    t_step = time.perf_counter()
-                if loader.problems.total:
-                    problems.append(f"epoch {epoch}: {loader.problems.report()}")
-                if seen_in_epoch == 0:
-                    raise TrainError(f"{data_path}: partitions {cfg.data.train!r} gave no full batch of "
-                                     f"{cfg.data.batch_size} rows (lower data.batch_size)")
-                epoch += 1
-                if not t.steps and epoch >= t.epochs:
+            self._build(data_dir, resume, force, allow_config_change, schema, plain, lr_scale)
+        except BaseException:
+            self._stack.close()
+            raise
+
+    # ----------------------------------------------------------------------- construction
+    def _build(self, data_dir: str | Path | None, resume: bool, force: bool, allow_config_change: bool,
+               schema: FeatureSchema | None, plain: nn.Module | None, lr_scale: dict[int, float] | None
+               ) -> None:
+        cfg, t, timer, stack = self.cfg, self.t, self.timer, self._stack
+        self.pg = stack.enter_context(distributed.process_group(self.device, t.dist_timeout_s))
+        stack.enter_context(cpu_threads(t.threads))
+        self.is_main, self.world = distributed.is_main(), distributed.world_size()
+        self.allow_config_change = allow_config_change
+        self.run = (_own_run(stack, cfg, self.run_dir, data_dir, resume=resume, force=force,
+                             allow_config_change=allow_config_change)
+                    if self.run_dir is not None else dict(NO_RUN))
+        if self.is_main and self.run["config_changes"]:
+            print("opengem train: warning: resuming with a changed config (--allow-config-change): "
+                  + "; ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in self.run["config_changes"].items()),
+                  file=sys.stderr)
+        with timer.phase("data_setup"):
+            if self.run_dir is None:
+                data_path = Path(data_dir or cfg.data.path)
+            else:
+                if not self.is_main:
+                    distributed.barrier()  # rank 0 simulates the embedded default first; the others reuse it
+                data_path = prepare_data(cfg.data, self.run_dir, data_dir)
+                if self.is_main:
+                    distributed.barrier()
+            cfg.data.path = str(data_path)  # the resolved config names the data it trained on
+            self.data_path = data_path
+            self.ds = Dataset(data_path, schema)
+            self.schema = self.ds.schema
+            if self.run_dir is not None and (t.final_eval or t.eval_every):
+                # metrics on rows the model trained on would flatter it
+                check_disjoint(self.ds.select(cfg.data.train), self.ds.select(cfg.data.eval), data_path,
+                               cfg.data.train, cfg.data.eval)
+        if self.is_main and self.run_dir is not None:
+            save_config(cfg, self.run_dir / "config.toml")
+        self.parallel = build_run_model(self.schema, cfg, self.device, self.pg, timer, plain=plain,
+                                        lr_scale=lr_scale)
+        self.model = self.parallel.model
+        self.optimizers = build_optimizers(self.model, t, lr_scale)
+        self.weights = task_weights(self.schema, self.device)
+        self.checkpointer = (ckpt.Checkpointer(self.run_dir, t.checkpoint_every, t.keep_checkpoints,
+                                               self.run["run_id"]) if self.run_dir is not None else None)
+        self.validator = Validator(t.eval_every, t.eval_max_batches)
+        self.step = self.epoch = self.examples = 0
+        self.first_loss: float | None = None
+        self.last_loss: float | None = None
+        self.last_grad_norm = 0.0
+        self.last_parts: dict[str, float] = {}
+        self._window: list[Any] = [0.0, 0, 0]  # the log window: loss sum, steps, examples
+        self.loader_state: dict[str, Any] | None = None
+        self.resumed: dict[str, Any] | None = None
+        self.warnings: list[str] = []
+        if resume and self.checkpointer is not None:
+            with timer.phase("checkpoint_load"):
+                self._resume()
+        rolled_back = (rundir.rollback_log(self.run_dir, self.step, redo_final=t.final_eval)
+                       if self.run["continuing"] and self.is_main else 0)
+        self.log = RunLog(self.run_dir, enabled=self.is_main and self.run_dir is not None,
+                          purge_step=self.step + 1 if self.run["continuing"] else None)
+        stack.callback(self.log.close)
+        plain_model = self.parallel.plain
+        has_flops = hasattr(plain_model, "flops_per_example")
+        self.flops = int(plain_model.flops_per_example()) if has_flops else None
+        self.log.write({"kind": "setup", "model": cfg.model.name, "run_id": self.run["run_id"],
+                        "flops_per_example": self.flops,
+                        "dense_params": sum(p.numel() for p in self.optimizers.dense),
+                        "embedding_params": sum(v * d for v, d in self.schema.tables().values()),
+                        "device": str(self.device), "world_size": self.world, "data": str(data_path),
+                        "parallel": {k: v for k, v in self.parallel.info.items() if k != "plan"},
+                        "resumed": self.resumed, "log_records_rolled_back": rolled_back,
+                        "moved_aside": self.run["moved_aside"], "allow_config_change": allow_config_change,
+                        "config_changes": self.run["config_changes"]}, self.step)
+
+    def _resume(self) -> None:
+        path = self.checkpointer.latest(self.run["checkpoint_run_id"])
+        if path is None:
+            return  # nothing saved yet: a fresh start
+        o = self.optimizers
+        meta = ckpt.load(path, self.model, dense_opt=o.dense_opt, sparse_opt=o.sparse, scheduler=o.scheduler)
+        self.step = int(meta["step"])
+        self.load_state_dict(meta.get("extra", {}))
+        self.loader_state = meta.get("loader")
+        self.resumed = {"checkpoint": str(path), "step": self.step, "saved_world_size": meta["world_size"]}
+
+    # ----------------------------------------------------------------------- state
+    def state_dict(self) -> dict[str, Any]:
+        """The counters a checkpoint carries beside model, optimizers and loader position (JSON)."""
+        return {"epoch": self.epoch, "examples": self.examples, "first_loss": self.first_loss,
+                "log_window": list(self._window)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.epoch = int(state.get("epoch", 0))
+        self.examples = int(state.get("examples", 0))
+        self.first_loss = state.get("first_loss")
+        self._window = list(state.get("log_window") or [0.0, 0, 0])
+
+    def save_checkpoint(self, *, final: bool = False, loader_state: dict[str, Any] | None = None) -> Path:
+        """Collective. Periodic at the current step, or the run's final checkpoint."""
+        if self.checkpointer is None:
+            raise TrainError("this trainer has no run folder to save checkpoints in")
+        o = self.optimizers
+        return self.checkpointer.save(self.step, self.model, dense_opt=o.dense_opt, sparse_opt=o.sparse,
+                                      scheduler=o.scheduler, loader_state=loader_state,
+                                      extra=self.state_dict(), final=final)
+
+    # ----------------------------------------------------------------------- steps
+    def train_step(self, batch: Batch) -> float:
+        """One optimizer step on ``batch`` (this rank's share of the global batch); returns the loss,
+        summed over ranks (the global-batch mean)."""
+        t = self.t
+        batch = batch.to(self.device)
+        out = forward(self.model, batch, t, self.device)
+        loss = label_loss(out, batch, self.weights)
+        parts: dict[str, float] = {}
+        if self.extra_losses is not None:
+            parts["label"] = float(loss.detach())
+            for name, extra in self.extra_losses(out, batch).items():
+                parts[name] = float(extra.detach())
+                loss = loss + extra
+        if self.world > 1:
+            # this rank's share of the global-batch mean: sum / (labels over all ranks)
+            n_local = batch.label_mask.bool().sum().to(loss.dtype)
+            loss = loss * n_local / distributed.all_reduce_sum(n_local).clamp(min=1)
+        if not torch.isfinite(loss):
+            raise TrainError(f"step {self.step}: loss is {loss.item()} (lower train.lr or check the data)")
+        o = self.optimizers
+        self.last_grad_norm = optimizer_step(loss, o.dense_opt, o.scheduler, o.dense, t.grad_clip,
+                                             self.parallel.dense_grad_scale)
+        self.step += 1
+        distributed.maybe_inject_failure(self.step)
+        bsz = batch.batch_size * self.world
+        self.examples += bsz
+        lv = float(distributed.all_reduce_sum(loss.detach()) if self.world > 1 else loss.detach())
+        self.first_loss = lv if self.first_loss is None else self.first_loss
+        self.last_loss = lv
+        self.last_parts = parts
+        self._window[0] += lv
+        self._window[1] += 1
+        self._window[2] += bsz
+        return lv
+
+    def evaluate(self, spec: str | None = None, *, batches: Any = None, max_batches: int = 0
+                 ) -> dict[str, Any]:
+        """Metrics of the model now on ``spec`` (default ``data.eval``) or on ``batches``."""
+        if batches is None:
+            batches = make_loader(self.ds, spec or self.cfg.data.eval, self.cfg.data, train=False)
+        return evaluate_model(self.model, batches, self.schema, self.device, max_batches=max_batches)
+
+    def train_loader(self) -> Any:
+        """This epoch's loader over ``data.train``, at the saved position when resuming."""
+        loader = make_loader(self.ds, self.cfg.data.train, self.cfg.data, train=True,
+                             seed=self.t.seed + self.epoch)
+        if self.loader_state is not None:
+            loader.load_state_dict(self.loader_state)  # the saved position, merged over the saved ranks
+            self.loader_state = None
+        return loader
+
+    # ----------------------------------------------------------------------- the loop
+    def _evaluate_or_warn(self, max_batches: int = 0) -> dict[str, Any] | None:
+        """Evaluation during training; an eval set with nothing to evaluate is a warning, printed and
+        recorded (metrics.jsonl, train_summary.json), not the end of a run whose training went well."""
+        try:
+            return self.evaluate(max_batches=max_batches)
+        except EvalDataError as e:
+            msg = (f"{self.data_path}: partitions {', '.join(self.ds.select(self.cfg.data.eval))} "
+                   f"(data.eval = {self.cfg.data.eval!r}): {e}")
+            if msg not in self.warnings:
+                self.warnings.append(msg)
+                self.log.write({"kind": "warning", "step": self.step, "message": msg}, self.step)
+                if self.is_main:
+                    print(f"opengem train: warning: {msg}", file=sys.stderr)
+            return None
+
+    def _log_window(self, window_t: float) -> float:
+        """Write the train record of the steps since the last one; returns the new window start."""
+        now = time.perf_counter()
+        loss_sum, n, ex = self._window
+        rate = ex / max(now - window_t, 1e-9)
+        o = self.optimizers
+        self.log.write({"kind": "train", "step": self.step, "epoch": self.epoch, "loss": loss_sum / n,
+                        "lr": o.dense_opt.param_groups[0]["lr"], "grad_norm": self.last_grad_norm,
+                        "examples": self.examples, "examples_per_s": rate}, self.step)
+        if self._bar is not None:
+            self._bar.set_postfix(loss=f"{loss_sum / n:.4f}", ex_s=f"{rate:,.0f}")
+        self._window = [0.0, 0, 0]
+        return now
+
+    def fit(self) -> dict[str, Any]:
+        """Train to ``train.steps`` (or ``train.epochs``), save the final checkpoint, evaluate; returns the
+        summary (also RUN/train_summary.json)."""
+        t, cfg = self.t, self.cfg
+        self._bar = None
+        if t.progress and self.is_main:
+            self._bar = tqdm(total=t.steps or None, unit="step", desc=f"train {cfg.model.name}",
+                             dynamic_ncols=True)
+            self._stack.callback(self._bar.close)
+            if self.step:
+                self._bar.update(self.step)
+        problems: list[str] = []
+        t_start = window_t = time.perf_counter()
+        done = bool((t.steps and self.step >= t.steps) or (not t.steps and self.epoch >= t.epochs))
+        step_seconds, first_step_done = 0.0, False
+        end_position = self.loader_state  # the loader position saved with the final checkpoint
+        stop_code, stop_position = 0, None
+        signals = StopSignals(announce=self.is_main)
+        self._stack.callback(signals.restore)
+        while not done:
+            loader = self.train_loader()
+            seen_in_epoch = 0
+            t_step = time.perf_counter()
+            for batch in distributed.until_any_exhausted(loader, self.device):
+                self.train_step(batch)
+                seen_in_epoch += 1
+                now = time.perf_counter()
+                if first_step_done:
+                    step_seconds += now - t_step
+                else:
+                    self.timer.add("first_step", now - t_step)
+                    first_step_done = True
+                if self._bar is not None:
+                    self._bar.update(1)
+                if self.step % t.log_every == 0:
+                    window_t = self._log_window(window_t)
+                if self.validator.should_run(self.step):
+                    res = self._evaluate_or_warn(self.validator.max_batches)
+                    if res is not None:
+                        self.log.write({"kind": "eval", "step": self.step, **short_metrics(res)}, self.step)
+                if self.checkpointer.should_save(self.step):
+                    self.save_checkpoint(loader_state=loader.state_dict())
+                if t.steps and self.step >= t.steps:
                     done = True
-        finally:
-            if bar is not None:
-                bar.close()
+                    end_position = loader.state_dict()  # mid-epoch: a later --resume with more steps
+                    break
+                stop_code = signals.requested(self.device)
+                if stop_code:
+                    stop_position = loader.state_dict()
+                    break
+                t_step = time.perf_counter()
+            if stop_code:
+                break
+            if loader.problems.total:
+                problems.append(f"epoch {self.epoch}: {loader.problems.report()}")
+            if seen_in_epoch == 0:
+                raise TrainError(f"{self.data_path}: partitions {cfg.data.train!r} gave no full batch of "
+                                 f"{cfg.data.batch_size} rows (lower data.batch_size)")
+            self.epoch += 1
+            if not t.steps and self.epoch >= t.epochs:
+                done = True
+        signals.restore()  # from here on (final checkpoint, evaluation) Ctrl-C stops at once
+        if stop_code:
+            self._stop(stop_code, stop_position)
         train_s = time.perf_counter() - t_start
-        ckpt.save(ckpt.checkpoint_dir(run_dir), step, model, dense_opt=opt, sparse_opt=fused, scheduler=sched,
-                  loader_state=end_position,
-                  extra={"epoch": epoch, "examples": examples, "first_loss": first_loss})
+        self.save_checkpoint(final=True, loader_state=end_position)
         final_eval = None
         if t.final_eval:
-            final_eval = evaluate_model(model, make_loader(ds, cfg.data.eval, cfg.data, train=False), schema,
-                                        device)
-            log.write({"kind": "eval", "step": step, "final": True, **_short(final_eval)}, step)
+            final_eval = self._evaluate_or_warn()
+            if final_eval is not None:
+                self.log.write({"kind": "eval", "step": self.step, "final": True,
+                                **short_metrics(final_eval)}, self.step)
         summary = {
-            "model": cfg.model.name, "steps": step, "epochs": epoch, "examples": examples,
-            "train_seconds": train_s, "examples_per_s": examples / max(train_s, 1e-9),
-            "first_loss": first_loss, "last_loss": last_loss, "flops_per_example": flops,
-            "device": str(device), "checkpoint": str(ckpt.checkpoint_dir(run_dir)),
+            "model": cfg.model.name, "run_id": self.run["run_id"], "steps": self.step, "epochs": self.epoch,
+            "examples": self.examples,
+            "train_seconds": train_s, "examples_per_s": self.examples / max(train_s, 1e-9),
+            "first_loss": self.first_loss, "last_loss": self.last_loss, "flops_per_example": self.flops,
+            "device": str(self.device), "checkpoint": str(ckpt.checkpoint_dir(self.run_dir)),
             "final_eval": final_eval["metrics"] if final_eval else None,
-            "sparse_optimizer": type(fused).__name__ if fused is not None else None,
+            "sparse_optimizer": type(self.optimizers.sparse).__name__ if self.optimizers.sparse else None,
             "data_problems": problems,  # rows skipped or repaired by the loader under the schema's policies
-            "world_size": world, "resumed": resumed,
-            "parallel": {k: v for k, v in getattr(model, "parallel_info", {}).items()},
-            "startup": timer.summary(step_seconds),
-            "peak_rss_mb_per_rank": distributed.gather_objects(_peak_rss_mb()),
-            "compile": {**compile_info, **compile_counters()} if compile_info else None,
+            "warnings": self.warnings,
+            "world_size": self.world, "resumed": self.resumed,
+            "allow_config_change": self.allow_config_change, "config_changes": self.run["config_changes"],
+            "parallel": dict(self.parallel.info),
+            "startup": self.timer.summary(step_seconds),
+            "peak_rss_mb_per_rank": distributed.gather_objects(peak_rss_mb()),
+            "compile": {**self.compile_info, **compile_counters()} if self.compile_info else None,
             "memory": {"activation_checkpointing": t.activation_checkpointing, "precision": t.precision,
                        "fp8_saved_activations": t.fp8_saved_activations},
         }
-        if is_main:
-            (run_dir / "train_summary.json").write_text(json.dumps(summary, indent=2))
-        log.close()
-    return summary
+        if self.is_main:
+            (self.run_dir / "train_summary.json").write_text(json.dumps(summary, indent=2))
+        return summary
+
+    def _stop(self, code: int, position: dict[str, Any] | None) -> None:
+        """After a stop signal: save a periodic checkpoint at this step (unless this step saved one) and
+        raise :class:`RunInterrupted` saying where it went and how to continue, or why nothing was saved."""
+        name = {130: "SIGINT", 143: "SIGTERM"}.get(code, f"signal (exit {code})")
+        path = ckpt.checkpoint_dir(self.run_dir, self.step)
+        if not self.checkpointer.should_save(self.step):
+            try:
+                self.save_checkpoint(loader_state=position)
+            except (OSError, ckpt.CheckpointError) as e:
+                raise RunInterrupted(
+                    f"stopped by {name} at step {self.step}, but the checkpoint could not be saved "
+                    f"({type(e).__name__}: {e}); --resume continues from the newest one in "
+                    f"{self.run_dir / ckpt.CHECKPOINTS}", code) from None
+        raise RunInterrupted(f"stopped by {name} at step {self.step}: saved {path}; run the same command "
+                             "with --resume to continue", code)
+
+    # ----------------------------------------------------------------------- life
+    def close(self) -> None:
+        """Release the run folder's lock, the log, signal handlers and a private process group."""
+        self._stack.close()
+
+    def __enter__(self) -> Trainer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
-def _peak_rss_mb() -> float:
+def _own_run(stack: contextlib.ExitStack, cfg: RunConfig, run_dir: Path, data_dir: str | Path | None, *,
+             resume: bool, force: bool, allow_config_change: bool) -> dict[str, Any]:
+    """Rank 0 locks RUN for the life of ``stack`` and claims it (train/run_dir.py), checking a resumed
+    run's config; every rank gets the same run facts, or raises the same error."""
+    info, err = None, None
+    if distributed.is_main():
+        try:
+            claim = stack.enter_context(rundir.claim(run_dir, resume=resume, force=force,
+                                                     data_dir=data_dir or cfg.data.path or None))
+            probe = copy.deepcopy(cfg)
+            probe.data.path = str(data_location(cfg.data, run_dir, data_dir))  # as config.toml records it
+            changes = rundir.check_resume_config(claim, probe, allow=allow_config_change)
+            info = {"run_id": claim.run_id, "checkpoint_run_id": claim.checkpoint_run_id,
+                    "continuing": claim.continuing,
+                    "moved_aside": str(claim.moved_aside) if claim.moved_aside else None,
+                    "config_changes": changes}
+        except (OpengemError, OSError) as e:
+            err = e
+    shared = distributed.gather_objects((info, None if err is None else str(err)))[0]
+    if err is not None:
+        raise err
+    if shared[1] is not None:
+        raise TrainError(shared[1])
+    return shared[0]
+
+
+def train(cfg: RunConfig, run_dir: str | Path, data_dir: str | Path | None = None, *, resume: bool = False,
+          force: bool = False, allow_config_change: bool = False,
+          timer: StartupTimer | None = None) -> dict[str, Any]:
+    """Train per ``cfg`` and write the run folder; returns the summary also written to train_summary.json.
+
+    The folder is locked for the life of the run and must not hold another run (train/run_dir.py):
+    ``resume`` continues the run in it from its newest complete checkpoint (model, optimizers, lr
+    schedule, loader position, RNG, counters), or starts afresh when there is none, refusing settings
+    that change what is computed unless ``allow_config_change`` (then recorded); ``force`` moves a
+    previous run aside first. SIGINT/SIGTERM save a checkpoint and raise :class:`RunInterrupted`. Under
+    torchrun every rank calls this; rank 0 locks and writes the run folder's files.
+    """
+    with Trainer(cfg, run_dir, data_dir, resume=resume, force=force, allow_config_change=allow_config_change,
+                 timer=timer) as trainer:
+        return trainer.fit()
+
+
+def peak_rss_mb() -> float:
     """Peak resident memory of this process (Linux: ru_maxrss is in KiB)."""
-    import resource
-
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
-
-
-def _short(res: dict[str, Any]) -> dict[str, Any]:
-    """The per-key NE/AUC of an evaluation, compact enough for one metrics.jsonl line."""
-    return {"loss": res["loss"],
-            "metrics": {k: {"ne": v["ne"], "auc": v["auc"]} for k, v in res["metrics"].items()}}

@@ -39,7 +39,8 @@ from typing import Any
 
 import numpy as np
 
-from opengem.train.trainer import cpu_threads, process_group, resolve_device
+from opengem.train.distributed import process_group
+from opengem.train.env import cpu_threads, resolve_device
 from opengem.transfer.aggregate import aggregate
 from opengem.transfer.arms import arm_configs, tune_kd
 from opengem.transfer.experiment_config import ALL_ARMS, ExperimentConfig, load_experiment_config

@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from opengem.errors import DatasetError
 from opengem.transfer.adapter import StudentAdapter
 
 
@@ -40,7 +41,8 @@ class KnowledgeTable:
         cols = [f"fm_logit_{t}" for t in tasks]
         missing = [c for c in cols if c not in side.column_names]
         if missing:
-            raise ValueError(f"side table lacks {missing} (has {side.column_names})")
+            raise DatasetError(f"side table lacks {missing} (has {side.column_names}): generate it with an "
+                               "FM trained on these tasks")
         logits = np.stack([side.column(c).to_numpy(zero_copy_only=False) for c in cols], 1).astype(np.float32)
         surface = side.column("surface").to_numpy().astype(np.int64)
         if surface_bias:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ import pyarrow.parquet as pq
 from opengem.errors import OpengemError
 
 VERSIONS = "versions"
+VERSION_NAME = re.compile(r"v\d+")
 
 
 @dataclass(frozen=True)
@@ -54,8 +56,9 @@ def write_manifest(path: str | Path, version: int, trained_through_ts: int, **ex
 def list_versions(run: str | Path) -> list[FMVersion]:
     """Every published version of an FM run, oldest trained-through first.
 
-    Accepts ``RUN`` (reads RUN/versions/v*/manifest.json) and tolerates ``trained_through`` as the key
-    name. A version folder without a manifest is still being written and is ignored.
+    Accepts ``RUN`` (reads RUN/versions/vNNNN/manifest.json) and tolerates ``trained_through`` as the key
+    name. A version folder without a manifest is still being written and is ignored, and so is one moved
+    aside (``vNNNN.old-<time>``, see ``train_fm_versions``).
     """
     root = Path(run) / VERSIONS
     if not root.is_dir():
@@ -66,16 +69,35 @@ def list_versions(run: str | Path) -> list[FMVersion]:
     out = []
     for d in sorted(root.glob("v*")):
         m = d / "manifest.json"
-        if not m.exists():
-            continue
-        rec = json.loads(m.read_text())
-        tt = rec.get("trained_through_ts", rec.get("trained_through"))
-        if tt is None or "version" not in rec:
-            raise VersionError(f"{m}: manifest needs 'version' and 'trained_through_ts'")
-        out.append(FMVersion(int(rec["version"]), int(tt), d, tuple(rec.get("partitions", ()))))
+        if VERSION_NAME.fullmatch(d.name) and m.exists():  # not vNNNN.old-<time>: a version moved aside
+            out.append(_read_version(d, m))
     if not out:
         raise VersionError(f"{root}: no published version (no v*/manifest.json)")
     return sorted(out, key=lambda v: (v.trained_through_ts, v.version))
+
+
+def _read_version(d: Path, m: Path) -> FMVersion:
+    """One version from its manifest; a manifest that is not what we write is refused, naming it (it decides
+    which checkpoint labels which example, so it is never guessed at)."""
+    try:
+        rec = json.loads(m.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise VersionError(f"{m}: unreadable manifest ({type(e).__name__}: {e}); republish the version or "
+                           "delete its folder") from None
+    if not isinstance(rec, dict):
+        raise VersionError(f"{m}: a manifest is a JSON object, found {type(rec).__name__}")
+    tt = rec.get("trained_through_ts", rec.get("trained_through"))
+    if tt is None or "version" not in rec:
+        raise VersionError(f"{m}: manifest needs 'version' and 'trained_through_ts'")
+    parts = rec.get("partitions", ())
+    try:
+        version, through = int(rec["version"]), int(tt)
+    except (TypeError, ValueError):
+        raise VersionError(f"{m}: 'version' and 'trained_through_ts' must be integers, found "
+                           f"{rec['version']!r} and {tt!r}") from None
+    if not isinstance(parts, (list, tuple)) or not all(isinstance(p, str) for p in parts):
+        raise VersionError(f"{m}: 'partitions' must be a list of partition names, found {parts!r}")
+    return FMVersion(version, through, d, tuple(parts))
 
 
 def parse_fm_spec(spec: str) -> tuple[Path, int | None]:
@@ -129,7 +151,9 @@ def train_fm_versions(
     """Version k = the FM trained on the first k time-ordered partitions (growing sets), k = first..P-1.
 
     The last partition never trains a version (nothing later could use it). ``reuse`` skips versions
-    whose manifest already exists, so an interrupted run resumes.
+    whose manifest already exists, and a version folder without one (training was interrupted) is resumed
+    from its own newest checkpoint; ``reuse=False`` retrains every version, the old one moved aside whole
+    (a version folder is a run folder, which the trainer never lets a new run overwrite or mix into).
     """
     from opengem.data.dataset import Dataset
     from opengem.train.trainer import train
@@ -147,7 +171,7 @@ def train_fm_versions(
         cfg.data.eval = parts[k]
         cfg.train.final_eval = False
         cfg.train.progress = False
-        train(cfg, vdir, data_dir)
+        train(cfg, vdir, data_dir, resume=reuse, force=not reuse)  # resume=True on an empty folder: fresh
         tt = max_ts([f for p in parts[:k] for f in ds.files(p)], ds.schema.time_column)
         write_manifest(vdir, k, tt, partitions=list(parts[:k]))
     return list_versions(run)

@@ -29,6 +29,7 @@ from torch import nn
 
 from opengem.config import ConfigError
 from opengem.data.batch import Batch
+from opengem.data.commit import mark_complete
 from opengem.data.dataset import Dataset
 from opengem.data.schema import DenseFeature, FeatureSchema, SequenceGroup, Task
 from opengem.model.output import ModelOutput
@@ -158,6 +159,7 @@ def build_vm_dataset(
         pq.write_table(t, tmp, row_group_size=max(1, min(len(t), 20_000)))
         tmp.rename(dest)
     (schema or ds.schema).save(out / "schema.toml")
+    mark_complete(out, "opengem transfer: VM dataset")  # every partition above was renamed into place whole
     return out
 
 

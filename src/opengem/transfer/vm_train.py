@@ -1,9 +1,8 @@
 """The VM training loop: progressive (evaluate a window, then train on it), with pluggable extra losses.
 
-It reuses the trainer's pieces: the model goes through ``shard_model`` (TorchRec DMP, fused row-wise
-Adagrad on the tables via ``apply_sparse_optimizer``-style in-backward optimizers) and the dense part
-gets ``build_dense_optimizer`` (AdamW) + ``build_scheduler`` + ``clip_dense_gradients``. Parameters
-shared from the FM get their own (scaled, possibly zero) learning rates.
+Every step is the one Trainer's (``opengem.train.trainer``): TorchRec DMP with the fused sparse optimizer,
+AdamW with its schedule and clipping, precision and the other knobs of ``[train]``. Parameters shared from
+the FM get their own (scaled, possibly zero) learning rates through the Trainer's ``lr_scale``.
 
 Loss = masked BCE of the serving head on labels + Σ extra losses. The extra losses come from the arm:
 standard KD on the serving logits (soft-label BCE at temperature T and/or logit MSE), or, with the
@@ -22,24 +21,15 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from torchrec.optim import RowWiseAdagrad, apply_optimizer_in_backward
 
 from opengem.data.batch import Batch
-from opengem.data.dataset import Dataset
 from opengem.data.loader import ParquetLoader
-from opengem.model.heads import masked_bce
-from opengem.train.config import TrainConfig
-from opengem.train.optim import (
-    SPARSE_CLASSES,
-    build_dense_optimizer,
-    build_scheduler,
-    clip_dense_gradients,
-    dense_parameters,
-    embedding_modules,
-)
-from opengem.train.trainer import shard_model
+from opengem.errors import TrainError
+from opengem.train.config import DataConfig, RunConfig, TrainConfig
+from opengem.train.trainer import Trainer
 from opengem.transfer.distill import kd_bce, logit_mse
 from opengem.transfer.knowledge import KnowledgeTable
+from opengem.transfer.sharing import share_fm_parameters
 from opengem.transfer.vertical import VerticalModel, VMConfig
 
 
@@ -101,7 +91,13 @@ def kd_losses(arm: ArmConfig) -> list[tuple[str, ExtraLoss]]:
 
 
 class ProgressiveStudent:
-    """A VM (or domain FM) trained window by window; ``evaluate`` before ``train`` on each window."""
+    """A VM (or domain FM) trained window by window; ``evaluate`` before ``train`` on each window.
+
+    A thin user of :class:`~opengem.train.trainer.Trainer`: the VM (with any FM parameters shared into
+    it) is built here and handed to the Trainer with its learning-rate scales; every step is
+    ``Trainer.train_step`` with this arm's distillation losses hooked in, so ``train.precision``, FP8
+    saved activations, compile and activation checkpointing apply to vertical models as to any run.
+    """
 
     def __init__(
         self,
@@ -111,25 +107,25 @@ class ProgressiveStudent:
         train_cfg: TrainConfig,
         data_dir: str,
         device: torch.device,
-        pg: Any,
+        pg: Any,  # noqa: ARG002  (the Trainer joins the process group the caller opened)
         batch_size: int = 256,
         epochs_per_window: int = 1,
         fm_model: nn.Module | None = None,
         extra_losses: list[tuple[str, ExtraLoss]] | None = None,
     ) -> None:
         self.schema, self.arm, self.t, self.device = schema, arm, train_cfg, device
-        self.ds = Dataset(data_dir, schema)
         self.batch_size, self.epochs = batch_size, epochs_per_window
+        model_cfg = copy.deepcopy(vm_cfg.model)
+        if train_cfg.compile:  # static sequence shapes, as prepare_compile sets for any compiled run
+            model_cfg.embedding.pad_to_max_len = True
         torch.manual_seed(train_cfg.seed)
-        plain = VerticalModel(schema, vm_cfg.model, aux_head=arm.aux_head, aux_grad_scale=arm.aux_grad_scale)
+        plain = VerticalModel(schema, model_cfg, aux_head=arm.aux_head, aux_grad_scale=arm.aux_grad_scale)
         self.plain = plain
         self.serving_flops = plain.flops_per_example()
         self.shared: dict[str, int] = {}
         if arm.share != "none":
             if fm_model is None:
                 raise ValueError(f"arm {arm.name!r}: share = {arm.share!r} needs an FM model")
-            from opengem.transfer.sharing import share_fm_parameters
-
             self.shared = share_fm_parameters(plain, fm_model)
         enc_ids: set[int] = set()
         if arm.share_sequence_encoder:
@@ -146,47 +142,24 @@ class ProgressiveStudent:
                     self.shared[n] = p.numel()
                     enc_ids.add(id(p))
                     p.requires_grad_(arm.share_encoder_mode != "frozen")
-        shared_ids = {id(p) for n, p in plain.named_parameters() if n in self.shared and id(p) not in enc_ids}
-        lr_scale = {"none": 1.0, "init": 1.0, "lowlr": arm.share_lr_scale, "frozen": 0.0}[arm.share]
-        self._apply_sparse(plain, shared_ids, lr_scale)
-        self.model = shard_model(plain, device, pg)
-        dense = dense_parameters(self.model)
-        own = {n: p for n, p in dense.items() if id(p) not in shared_ids and id(p) not in enc_ids}
-        self.opt = build_dense_optimizer(own, train_cfg)
-        shared_dense = [p for p in dense.values() if id(p) in shared_ids]
-        if shared_dense:
-            if lr_scale == 0.0:
-                for p in shared_dense:
-                    p.requires_grad_(False)
-            else:
-                self.opt.add_param_group(
-                    {"params": shared_dense, "lr": train_cfg.lr * lr_scale, "weight_decay": 0.0}
-                )
-        enc_dense = [p for p in dense.values() if id(p) in enc_ids]
-        if enc_dense:  # lowlr (frozen ones have requires_grad False, so dense_parameters skips them)
-            self.opt.add_param_group(
-                {"params": enc_dense, "lr": train_cfg.lr * arm.share_lr_scale, "weight_decay": 0.0}
-            )
-        self.sched = build_scheduler(self.opt, train_cfg)
-        self.dense_list = [p for p in dense.values() if p.requires_grad]
-        self.weights = torch.tensor([t.weight for t in schema.tasks], dtype=torch.float32, device=device)
+        share_scale = {"none": 1.0, "init": 1.0, "lowlr": arm.share_lr_scale, "frozen": 0.0}[arm.share]
+        lr_scale: dict[int, float] = {}
+        for n, p in plain.named_parameters():
+            if id(p) in enc_ids:
+                if p.requires_grad:  # lowlr; a frozen copy has no gradient and no optimizer
+                    lr_scale[id(p)] = arm.share_lr_scale
+            elif n in self.shared and share_scale != 1.0:
+                lr_scale[id(p)] = share_scale
+        run_cfg = RunConfig(model=model_cfg, train=copy.deepcopy(train_cfg),
+                            data=DataConfig(path=str(data_dir), batch_size=batch_size))
+        run_cfg.train.device = device.type
+        run_cfg.train.progress = False
+        self.trainer = Trainer(run_cfg, None, data_dir, schema=schema, plain=plain, lr_scale=lr_scale)
+        self.ds = self.trainer.ds
+        self.model = self.trainer.model
         self.losses = kd_losses(arm) + list(extra_losses or [])
         self.steps = 0
         self.loss_log: list[dict[str, float]] = []
-
-    def _apply_sparse(self, model: nn.Module, shared_ids: set[int], lr_scale: float) -> None:
-        cls = SPARSE_CLASSES[self.t.sparse_optimizer]
-        own, shared = [], []
-        for m in embedding_modules(model):
-            for p in m.parameters():
-                (shared if id(p) in shared_ids else own).append(p)
-        for params, lr in ((own, self.t.sparse_lr), (shared, self.t.sparse_lr * lr_scale)):
-            if not params:
-                continue
-            kw: dict[str, float] = {"lr": lr}
-            if cls is not SPARSE_CLASSES["sgd"]:
-                kw["eps"] = self.t.sparse_eps
-            apply_optimizer_in_backward(cls if lr > 0 else RowWiseAdagrad, params, kw)
 
     def loader(self, window: str, train: bool) -> ParquetLoader:
         return ParquetLoader(
@@ -214,28 +187,24 @@ class ProgressiveStudent:
     def train_window(self, window: str, teacher: KnowledgeTable | None = None) -> None:
         if self.losses and teacher is None and self.arm.distils:
             raise ValueError(f"arm {self.arm.name!r} distils but has no teacher")
+
+        def extra(out: Any, batch: Batch) -> dict[str, torch.Tensor]:
+            t = self.teacher_tensors(batch, teacher)
+            return {name: fn(out, batch, t) for name, fn in self.losses}
+
+        self.trainer.extra_losses = extra if self.losses else None
         for _ in range(self.epochs):
             for batch in self.loader(window, train=True):
-                self.model.train()
-                batch = batch.to(self.device)
-                out = self.model(batch)
-                loss = masked_bce(out.logits, batch.labels, batch.label_mask, self.weights)
-                rec = {"label": float(loss.detach())}
-                if self.losses:
-                    t = self.teacher_tensors(batch, teacher)
-                    for name, fn in self.losses:
-                        extra = fn(out, batch, t)
-                        rec[name] = float(extra.detach())
-                        loss = loss + extra
-                if not torch.isfinite(loss):
-                    raise FloatingPointError(f"arm {self.arm.name!r}, window {window}: loss is {float(loss)}")
-                self.opt.zero_grad(set_to_none=True)
-                loss.backward()
-                clip_dense_gradients(self.dense_list, self.t.grad_clip)
-                self.opt.step()
-                self.sched.step()
+                try:
+                    lv = self.trainer.train_step(batch)
+                except TrainError as e:
+                    raise TrainError(f"arm {self.arm.name!r}, window {window}: {e}") from None
                 self.steps += 1
-                self.loss_log.append(rec)
+                self.loss_log.append(self.trainer.last_parts or {"label": lv})
+
+    def close(self) -> None:
+        """Release what the Trainer holds (a private process group when the caller opened none)."""
+        self.trainer.close()
 
     @torch.no_grad()
     def predict(self, window: str, surfaces: list[int] | None = None) -> dict[str, np.ndarray]:

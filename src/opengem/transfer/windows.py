@@ -10,6 +10,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from opengem.config import ConfigError
+from opengem.data.commit import mark_complete
 from opengem.data.dataset import Dataset
 from opengem.data.sim_config import SimConfig
 from opengem.data.simulate import simulate
@@ -51,6 +52,7 @@ def prepare_data(cfg: ExperimentConfig, seed: int, root: Path) -> Path:
         (tmp / f"day={i:03d}").mkdir(exist_ok=True)
         pq.write_table(part, tmp / f"day={i:03d}" / "part-00000.parquet", row_group_size=20_000)
     ds.schema.save(tmp / "schema.toml")
+    mark_complete(tmp, "opengem transfer: day windows")
     tmp.rename(out)
     return out
 

@@ -1,8 +1,10 @@
-"""Real-dataset adapters: ``opengem convert NAME --src PATH --out DIR``.
+"""Real-dataset adapters: ``opengem convert NAME --src PATH --out DIR [--force]``.
 
-Each adapter module exposes ``convert(src, out, limit=None, ...) -> summary dict`` and writes a
-canonical dataset (schema.toml, ``<split>/part-00000.parquet``, summary.json). Modules are imported
-only when their dataset is converted.
+Each adapter module exposes ``convert(src, out, limit=None, ..., force=False) -> summary dict`` and
+writes a canonical dataset (schema.toml, ``<split>/part-00000.parquet``, summary.json, completion
+markers) through ``common.write_dataset``, which builds it in a temporary sibling folder and renames it
+into place. ``--out`` must be missing or empty unless ``--force``, which replaces a dataset there only
+once the new one is complete. Modules are imported only when their dataset is converted.
 """
 
 from __future__ import annotations
@@ -15,6 +17,10 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from opengem.data.adapters.common import bad_rows_line
+from opengem.data.commit import check_target
+from opengem.errors import UsageError
 
 # name -> (module, function, whether it accepts max_len)
 ADAPTERS: dict[str, tuple[str, str, bool]] = {
@@ -43,13 +49,14 @@ def get_adapter(name: str) -> tuple[Callable[..., dict[str, Any]], bool]:
 
 
 def convert(name: str, src: str | Path | None, out: str | Path, limit: int | None = None,
-            max_len: int | None = None) -> dict[str, Any]:
+            max_len: int | None = None, force: bool = False) -> dict[str, Any]:
     fn, has_max_len = get_adapter(name)
+    check_target(out, force)  # refuse before reading the source, not after
     src = Path(src) if src is not None else data_root() / name
-    kwargs: dict[str, Any] = {"limit": limit}
+    kwargs: dict[str, Any] = {"limit": limit, "force": force}
     if max_len is not None:
         if not has_max_len:
-            raise ValueError(f"{name}: --max-len applies only to datasets with histories")
+            raise UsageError(f"{name}: --max-len applies only to datasets with histories")
         kwargs["max_len"] = max_len
     return fn(src, out, **kwargs)
 
@@ -63,22 +70,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="convert a subset of about N rows (per source file, or whole users for "
                              "datasets with histories) for quick tests")
     parser.add_argument("--max-len", type=int, default=None, help="history length (sequence datasets)")
+    parser.add_argument("--force", action="store_true",
+                        help="replace a dataset in --out (swapped in once the new one is complete)")
 
 
 def run(args: argparse.Namespace) -> int:
-    from opengem.data.adapters.common import AdapterError
-
     if args.limit is not None and args.limit <= 0:
-        print("--limit must be > 0", file=sys.stderr)
-        return 2
+        raise UsageError(f"--limit must be > 0, got {args.limit}")
     if args.max_len is not None and args.max_len <= 0:
-        print("--max-len must be > 0", file=sys.stderr)
-        return 2
-    try:
-        summary = convert(args.name, args.src, args.out, limit=args.limit, max_len=args.max_len)
-    except (AdapterError, ValueError, FileNotFoundError) as e:
-        print(f"convert {args.name}: {e}", file=sys.stderr)
-        return 1
+        raise UsageError(f"--max-len must be > 0, got {args.max_len}")
+    summary = convert(args.name, args.src, args.out, limit=args.limit, max_len=args.max_len, force=args.force)
     brief = {k: {"rows": v["rows"], "label_rates": v["label_rates"]} for k, v in summary["splits"].items()}
-    print(json.dumps({"out": str(args.out), "split_rule": summary["split_rule"], "splits": brief}, indent=2))
+    bad = summary["bad_rows"]
+    print(json.dumps({"out": str(args.out), "split_rule": summary["split_rule"], "splits": brief,
+                      "bad_rows": bad["total"]}, indent=2))
+    if bad["total"]:
+        print(f"convert {args.name}: warning: skipped {bad['total']} malformed source row(s): "
+              f"{bad_rows_line(bad)} (listed in {Path(args.out) / 'summary.json'} under bad_rows)",
+              file=sys.stderr)
     return 0

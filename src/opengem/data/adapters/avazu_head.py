@@ -20,8 +20,10 @@ import pyarrow.csv as pcsv
 
 from opengem.data.adapters.common import (
     AdapterError,
+    BadRows,
     encode_on_train,
     make_table,
+    read_csv,
     require_files,
     sparse_specs,
     take_columns,
@@ -40,15 +42,12 @@ SPLIT_RULE = ("train = train.csv, valid = dev.csv, test = test.csv (source repo'
               "ts = Unix seconds of the hour column")
 
 
-def read_split(path: Path, header: bool, limit: int | None) -> pa.Table:
+def read_split(path: Path, header: bool, limit: int | None, bad: BadRows | None = None) -> pa.Table:
     read = pcsv.ReadOptions(column_names=None if header else COLUMNS, autogenerate_column_names=False)
     types = {c: pa.string() for c in COLUMNS}
     types["click"] = pa.int64()
-    try:
-        convert = pcsv.ConvertOptions(column_types=types, strings_can_be_null=True)
-        table = pcsv.read_csv(path, read_options=read, convert_options=convert)
-    except pa.ArrowInvalid as e:
-        raise AdapterError(f"{path}: not Avazu CSV: {e}") from None
+    convert = pcsv.ConvertOptions(column_types=types, strings_can_be_null=True)
+    table = read_csv(path, bad or BadRows(), "not Avazu CSV", read, convert_options=convert)
     if table.column_names != COLUMNS:
         raise AdapterError(f"{path}: columns {table.column_names} are not the 24 Avazu columns")
     if limit is not None:
@@ -74,10 +73,12 @@ def hour_to_unix(hour: pa.ChunkedArray, where: str) -> np.ndarray:
     return (days.astype("datetime64[s]").astype(np.int64) + 3600 * hh)[inv.ravel()]
 
 
-def convert(src: str | Path, out: str | Path, limit: int | None = None) -> dict[str, Any]:
+def convert(src: str | Path, out: str | Path, limit: int | None = None,
+            force: bool = False) -> dict[str, Any]:
     src = Path(src)
     require_files(src, [f for _, f in FILES])
-    parts = [read_split(src / f, i == 0, limit) for i, (_, f) in enumerate(FILES)]
+    bad = BadRows()
+    parts = [read_split(src / f, i == 0, limit, bad) for i, (_, f) in enumerate(FILES)]
     split = np.concatenate([np.full(p.num_rows, i) for i, p in enumerate(parts)])
     table = pa.concat_tables(parts)
     train = split == 0
@@ -101,4 +102,5 @@ def convert(src: str | Path, out: str | Path, limit: int | None = None) -> dict[
     }, source="avazu_head adapter")
     tables = {name: make_table(schema, take_columns(cols, np.flatnonzero(split == i)), f"avazu/{name}")
               for i, (name, _) in enumerate(FILES)}
-    return write_dataset(out, schema, tables, SPLIT_RULE, extra={"source": str(src), "limit": limit})
+    return write_dataset(out, schema, tables, SPLIT_RULE, extra={"source": str(src), "limit": limit},
+                         force=force, bad=bad)

@@ -1,24 +1,31 @@
-"""Shared pieces of the real-dataset adapters: vocabularies, user histories, canonical writing.
+"""Shared pieces of the real-dataset adapters: vocabularies, user histories, source reading, writing.
 
 Every adapter re-indexes categoricals on its *training* split only, because a vocabulary that has
 seen valid/test values leaks the future into the embedding tables; id 0 is reserved for anything the
 training split never showed (unknown, out-of-vocabulary, missing), so valid/test never go out of vocab.
+
+Source rows that cannot be parsed (a file cut mid-line, a row with too few or too many fields) are
+skipped and counted per file in :class:`BadRows`, which ends up in summary.json (``bad_rows``) and on
+the ``convert`` command's output: never dropped silently, never a crash. The dataset itself is written
+through :func:`opengem.data.commit.staged_dir`: built in a temporary sibling and renamed into place with
+its completion markers, so a failed or interrupted conversion leaves the previous output untouched.
 """
 
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 
+from opengem.data.commit import staged_dir
 from opengem.data.dataset import arrow_schema
 from opengem.data.schema import FeatureSchema
 from opengem.errors import OpengemError
@@ -28,6 +35,66 @@ SPLITS = ("train", "valid", "test")
 
 class AdapterError(OpengemError, ValueError):
     """Source files that do not look like the dataset the adapter was written for."""
+
+
+# --------------------------------------------------------------------------- reading sources
+@dataclass
+class BadRows:
+    """Source rows skipped because they could not be parsed, per file: count, first line numbers, samples."""
+
+    keep: int = 5
+    files: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def handler(self, path: str | Path) -> Callable[[Any], str]:
+        """A pyarrow ``invalid_row_handler`` that records the row and skips it."""
+        def on_invalid(row: Any) -> str:
+            rec = self.files.setdefault(str(path), {"rows": 0, "lines": [], "samples": []})
+            rec["rows"] += 1
+            if len(rec["lines"]) < self.keep:
+                rec["lines"].append(row.number)
+                rec["samples"].append(f"expected {row.expected_columns} fields, got {row.actual_columns}: "
+                                      f"{row.text[:80]!r}")
+            return "skip"
+        return on_invalid
+
+    @property
+    def total(self) -> int:
+        return sum(r["rows"] for r in self.files.values())
+
+    def report(self) -> dict[str, Any]:
+        return {"total": self.total, "files": self.files}
+
+
+def bad_rows_line(report: dict[str, Any]) -> str:
+    """One line from ``BadRows.report()``, e.g. ``2 in /src/train.tsv (lines 8001, 8002)``."""
+    def one(f: str, r: dict[str, Any]) -> str:
+        lines = ", ".join(str(n) for n in r["lines"]) + (", ..." if r["rows"] > len(r["lines"]) else "")
+        return f"{r['rows']} in {f} (line{'s' if r['rows'] > 1 else ''} {lines})"
+    return "; ".join(one(f, r) for f, r in report["files"].items())
+
+
+def read_csv(path: Path, bad: BadRows, what: str, read_options: pcsv.ReadOptions | None = None,
+             parse_options: pcsv.ParseOptions | None = None,
+             convert_options: pcsv.ConvertOptions | None = None) -> pa.Table:
+    """``pyarrow.csv.read_csv`` that skips and counts malformed rows in ``bad`` (single-threaded, so
+    every skipped row has its line number) and turns any other parse error into an AdapterError."""
+    read_options = read_options or pcsv.ReadOptions()
+    read_options.use_threads = False
+    parse_options = parse_options or pcsv.ParseOptions()
+    parse_options.invalid_row_handler = bad.handler(path)
+    try:
+        return pcsv.read_csv(path, read_options=read_options, parse_options=parse_options,
+                             convert_options=convert_options or pcsv.ConvertOptions())
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+        raise AdapterError(f"{path}: {what}: {e}") from None
+
+
+def read_parquet(path: Path, columns: list[str] | None = None) -> pa.Table:
+    """A source Parquet file, or an AdapterError naming it (a truncated copy has no footer)."""
+    try:
+        return pq.read_table(path, columns=columns)
+    except (pa.ArrowInvalid, OSError) as e:
+        raise AdapterError(f"{path}: not a readable Parquet file (cut short or corrupt?): {e}") from None
 
 
 # --------------------------------------------------------------------------- vocabularies
@@ -210,12 +277,6 @@ def take_columns(columns: Mapping[str, Any], rows: np.ndarray) -> dict[str, Any]
     return out
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def label_rates(schema: FeatureSchema, table: pa.Table) -> dict[str, float | None]:
     out: dict[str, float | None] = {}
     for t in schema.tasks:
@@ -230,20 +291,23 @@ def write_dataset(
     tables: Mapping[str, pa.Table],
     split_rule: str,
     extra: Mapping[str, Any] | None = None,
+    *,
+    force: bool = False,
+    bad: BadRows | None = None,
+    writer: str = "opengem convert",
 ) -> dict[str, Any]:
-    """Write schema.toml, ``<split>/part-00000.parquet`` for each split (in order) and summary.json."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    """Write schema.toml, ``<split>/part-00000.parquet`` for each split (in order) and summary.json.
+
+    Built in a temporary sibling of ``out`` and renamed into place with completion markers; ``out``
+    must be missing or empty unless ``force`` (which replaces a dataset there once the new one is
+    complete). ``bad``: the source rows skipped while reading, recorded as ``bad_rows``.
+    """
     target = arrow_schema(schema)
-    splits: dict[str, Any] = {}
     for name, table in tables.items():
         if not table.schema.equals(target):
             raise AdapterError(f"{out}/{name}: table schema differs from arrow_schema(schema)")
-        d = out / name
-        d.mkdir(exist_ok=True)
-        tmp = d / "part-00000.parquet.tmp"
-        pq.write_table(table, tmp)
-        os.replace(tmp, d / "part-00000.parquet")
+    splits: dict[str, Any] = {}
+    for name, table in tables.items():
         ts = table[schema.time_column]
         splits[name] = {
             "rows": table.num_rows,
@@ -251,9 +315,6 @@ def write_dataset(
             "ts_min": pc.min(ts).as_py(),
             "ts_max": pc.max(ts).as_py(),
         }
-    tmp_schema = out / "schema.toml.tmp"
-    schema.save(tmp_schema)
-    os.replace(tmp_schema, out / "schema.toml")
     summary: dict[str, Any] = {
         "dataset": schema.name,
         "partitions": list(tables),
@@ -261,9 +322,16 @@ def write_dataset(
         "rows": sum(s["rows"] for s in splits.values()),
         "splits": splits,
         "vocab": {f.name: f.vocab for f in schema.sparse},
+        "bad_rows": (bad or BadRows()).report(),
     }
     summary.update(extra or {})
-    _atomic_write_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")
+    with staged_dir(out, writer=f"{writer} {schema.name}", force=force) as st:
+        for name, table in tables.items():
+            (st.path / name).mkdir()
+            pq.write_table(table, st.path / name / "part-00000.parquet")
+        schema.save(st.path / "schema.toml")
+        (st.path / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        st.record["bad_rows"] = summary["bad_rows"]["total"]
     return summary
 
 

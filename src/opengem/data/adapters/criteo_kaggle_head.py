@@ -20,9 +20,11 @@ import pyarrow.csv as pcsv
 
 from opengem.data.adapters.common import (
     AdapterError,
+    BadRows,
     encode_on_train,
     log1p_dense,
     make_table,
+    read_csv,
     require_files,
     sparse_specs,
     take_columns,
@@ -37,18 +39,15 @@ SPLIT_RULE = ("train = train.tsv, valid = dev.tsv, test = test.tsv (source repo'
               "ts = row number")
 
 
-def read_split(path: Path, limit: int | None) -> pa.Table:
+def read_split(path: Path, limit: int | None, bad: BadRows | None = None) -> pa.Table:
     names = ["label", *INTS, *CATS]
     types = {"label": pa.int64(), **{c: pa.float64() for c in INTS}, **{c: pa.string() for c in CATS}}
-    try:
-        table = pcsv.read_csv(
-            path,
-            read_options=pcsv.ReadOptions(column_names=names),
-            parse_options=pcsv.ParseOptions(delimiter="\t"),
-            convert_options=pcsv.ConvertOptions(column_types=types, strings_can_be_null=True),
-        )
-    except pa.ArrowInvalid as e:
-        raise AdapterError(f"{path}: not Criteo TSV (label, I1..I13, C1..C26): {e}") from None
+    table = read_csv(
+        path, bad or BadRows(), "not Criteo TSV (label, I1..I13, C1..C26)",
+        read_options=pcsv.ReadOptions(column_names=names),
+        parse_options=pcsv.ParseOptions(delimiter="\t"),
+        convert_options=pcsv.ConvertOptions(column_types=types, strings_can_be_null=True),
+    )
     if limit is not None:
         table = table.slice(0, limit)
     labels = table["label"].to_numpy(zero_copy_only=False)
@@ -57,10 +56,12 @@ def read_split(path: Path, limit: int | None) -> pa.Table:
     return table
 
 
-def convert(src: str | Path, out: str | Path, limit: int | None = None) -> dict[str, Any]:
+def convert(src: str | Path, out: str | Path, limit: int | None = None,
+            force: bool = False) -> dict[str, Any]:
     src = Path(src)
     require_files(src, [f for _, f in FILES])
-    parts = [read_split(src / f, limit) for _, f in FILES]
+    bad = BadRows()
+    parts = [read_split(src / f, limit, bad) for _, f in FILES]
     split = np.concatenate([np.full(p.num_rows, i) for i, p in enumerate(parts)])
     table = pa.concat_tables(parts)
     train = split == 0
@@ -83,4 +84,5 @@ def convert(src: str | Path, out: str | Path, limit: int | None = None) -> dict[
     }, source="criteo_kaggle_head adapter")
     tables = {name: make_table(schema, take_columns(cols, np.flatnonzero(split == i)), f"criteo/{name}")
               for i, (name, _) in enumerate(FILES)}
-    return write_dataset(out, schema, tables, SPLIT_RULE, extra={"source": str(src), "limit": limit})
+    return write_dataset(out, schema, tables, SPLIT_RULE, extra={"source": str(src), "limit": limit},
+                         force=force, bad=bad)

@@ -21,8 +21,10 @@ import pyarrow.csv as pcsv
 
 from opengem.data.adapters.common import (
     AdapterError,
+    BadRows,
     encode_on_train,
     make_table,
+    read_csv,
     require_files,
     sparse_specs,
     take_columns,
@@ -51,11 +53,11 @@ def splitmix64(x: np.ndarray) -> np.ndarray:
     return z ^ (z >> np.uint64(31))
 
 
-def read_libsvm(path: Path, limit: int | None) -> tuple[np.ndarray, np.ndarray]:
+def read_libsvm(path: Path, limit: int | None, bad: BadRows | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(labels [N], raw one-hot indices [N, 10]) with every index checked against its field range."""
     names = ["label"] + [f for f, _, _ in FIELDS]
-    table = pcsv.read_csv(
-        path,
+    table = read_csv(
+        path, bad or BadRows(), "not Frappe libsvm (label and 10 index:1 fields)",
         read_options=pcsv.ReadOptions(column_names=names),
         parse_options=pcsv.ParseOptions(delimiter=" "),
         convert_options=pcsv.ConvertOptions(column_types={n: pa.string() for n in names[1:]}),
@@ -84,11 +86,13 @@ def read_libsvm(path: Path, limit: int | None) -> tuple[np.ndarray, np.ndarray]:
     return labels.astype(np.float32), idx
 
 
-def convert(src: str | Path, out: str | Path, limit: int | None = None) -> dict[str, Any]:
+def convert(src: str | Path, out: str | Path, limit: int | None = None,
+            force: bool = False) -> dict[str, Any]:
     src = Path(src)
     require_files(src, ["valid.libsvm", "test.libsvm"])
-    y_pool, x_pool = read_libsvm(src / "valid.libsvm", limit)
-    y_test, x_test = read_libsvm(src / "test.libsvm", limit)
+    bad = BadRows()
+    y_pool, x_pool = read_libsvm(src / "valid.libsvm", limit, bad)
+    y_test, x_test = read_libsvm(src / "test.libsvm", limit, bad)
     n_pool = len(y_pool)
     n_hold = int(round(HOLDOUT * n_pool))
     held = np.zeros(n_pool, bool)
@@ -112,4 +116,5 @@ def convert(src: str | Path, out: str | Path, limit: int | None = None) -> dict[
     }, source="frappe_x1 adapter")
     tables = {name: make_table(schema, take_columns(cols, np.flatnonzero(split == i)), f"frappe_x1/{name}")
               for i, name in enumerate(("train", "valid", "test"))}
-    return write_dataset(out, schema, tables, SPLIT_RULE, extra={"source": str(src), "limit": limit})
+    return write_dataset(out, schema, tables, SPLIT_RULE, extra={"source": str(src), "limit": limit},
+                         force=force, bad=bad)

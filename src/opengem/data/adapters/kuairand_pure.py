@@ -23,16 +23,18 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pcsv
-import pyarrow.parquet as pq
 
 from opengem.data.adapters.common import (
     AdapterError,
+    BadRows,
     build_history,
     encode_list_on_train,
     encode_on_train,
     first_users_limit,
     log1p_dense,
     make_table,
+    read_csv,
+    read_parquet,
     require_files,
     sparse_specs,
     take_columns,
@@ -70,10 +72,12 @@ def _lookup(table: pa.Table, key: str, keys: np.ndarray) -> pa.Table:
     return table.take(pos)
 
 
-def convert(src: str | Path, out: str | Path, limit: int | None = None, max_len: int = 100) -> dict[str, Any]:
+def convert(src: str | Path, out: str | Path, limit: int | None = None, max_len: int = 100,
+            force: bool = False) -> dict[str, Any]:
     src = Path(src)
     require_files(src, [*LOGS, USERS, VIDEOS])
-    log = pa.concat_tables([pq.read_table(src / f, columns=LOG_COLUMNS) for f in LOGS])
+    bad = BadRows()
+    log = pa.concat_tables([read_parquet(src / f, columns=LOG_COLUMNS) for f in LOGS])
     for c in LOG_COLUMNS:
         if log[c].null_count:
             raise AdapterError(f"{src}: log column {c!r} has {log[c].null_count} nulls")
@@ -113,7 +117,7 @@ def convert(src: str | Path, out: str | Path, limit: int | None = None, max_len:
     vocabs["hour"] = 25
     sparse("tab", log["tab"])
 
-    users = pcsv.read_csv(src / USERS)
+    users = read_csv(src / USERS, bad, "not the KuaiRand user feature CSV")
     urows = _lookup(users, "user_id", user_id)
     for c in USER_SPARSE:
         sparse(f"u_{c}", urows[c])
@@ -121,8 +125,9 @@ def convert(src: str | Path, out: str | Path, limit: int | None = None, max_len:
     for c in USER_DENSE:
         dense[f"u_{c}_log"], _ = log1p_dense(urows[c])
 
-    videos = pcsv.read_csv(src / VIDEOS, convert_options=pcsv.ConvertOptions(
-        column_types={"tag": pa.string(), "music_id": pa.int64(), "author_id": pa.int64()}))
+    video_types = {"tag": pa.string(), "music_id": pa.int64(), "author_id": pa.int64()}
+    videos = read_csv(src / VIDEOS, bad, "not the KuaiRand video feature CSV",
+                      convert_options=pcsv.ConvertOptions(column_types=video_types))
     vrows = _lookup(videos, "video_id", video_id)
     for c in VIDEO_SPARSE:
         sparse(f"v_{c}", vrows[c])
@@ -168,4 +173,4 @@ def convert(src: str | Path, out: str | Path, limit: int | None = None, max_len:
     return write_dataset(out, schema, tables, SPLIT_RULE, extra={
         "source": str(src), "limit": limit, "history": f"strictly earlier time_ms, last {max_len}",
         "surface_rule": f"tab with >= {MIN_SURFACE_SHARE:.0%} of train rows, others -> 'other'",
-    })
+    }, force=force, bad=bad)

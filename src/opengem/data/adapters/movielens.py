@@ -26,11 +26,13 @@ import pyarrow.csv as pcsv
 
 from opengem.data.adapters.common import (
     AdapterError,
+    BadRows,
     build_history,
     encode_list_on_train,
     encode_on_train,
     first_users_limit,
     make_table,
+    read_csv,
     require_files,
     sparse_specs,
     take_columns,
@@ -47,17 +49,14 @@ QUANTILES = (0.8, 0.9)
 
 
 def _read(path: Path, names: list[str] | None, delimiter: str, types: dict[str, pa.DataType],
-          encoding: str = "utf8") -> pa.Table:
+          bad: BadRows, encoding: str = "utf8") -> pa.Table:
     quote = '"' if delimiter == "," else False  # u.item titles contain bare quotes
-    try:
-        return pcsv.read_csv(
-            path,
-            read_options=pcsv.ReadOptions(column_names=names, encoding=encoding),
-            parse_options=pcsv.ParseOptions(delimiter=delimiter, quote_char=quote),
-            convert_options=pcsv.ConvertOptions(column_types=types, strings_can_be_null=True),
-        )
-    except pa.ArrowInvalid as e:
-        raise AdapterError(f"{path}: cannot parse: {e}") from None
+    return read_csv(
+        path, bad, "cannot parse",
+        read_options=pcsv.ReadOptions(column_names=names, encoding=encoding),
+        parse_options=pcsv.ParseOptions(delimiter=delimiter, quote_char=quote),
+        convert_options=pcsv.ConvertOptions(column_types=types, strings_can_be_null=True),
+    )
 
 
 def _lookup(table: pa.Table, key: str, keys: np.ndarray, path: Path) -> pa.Table:
@@ -81,7 +80,7 @@ def _time_split(ts: np.ndarray) -> tuple[np.ndarray, list[int]]:
 
 def _convert(name: str, src: Path, out: str | Path, ratings: pa.Table, rating_code: np.ndarray,
              n_codes: int, side: dict[str, pa.Array], multi: list[str], limit: int | None,
-             max_len: int) -> dict[str, Any]:
+             max_len: int, force: bool, bad: BadRows) -> dict[str, Any]:
     """Shared part: ``ratings`` has user, item, rating, ts; ``side`` holds per-rating raw features."""
     keep = first_users_limit(ratings["user"].to_numpy(), limit)
     ratings = ratings.filter(pa.array(keep))
@@ -141,22 +140,23 @@ def _convert(name: str, src: Path, out: str | Path, ratings: pa.Table, rating_co
     return write_dataset(out, schema, tables, rule, extra={
         "source": str(src), "limit": limit, "cuts": cuts,
         "history": f"strictly earlier timestamp, last {max_len}",
-    })
+    }, force=force, bad=bad)
 
 
 def convert_100k(src: str | Path, out: str | Path, limit: int | None = None,
-                 max_len: int = 100) -> dict[str, Any]:
+                 max_len: int = 100, force: bool = False) -> dict[str, Any]:
     src = Path(src)
     require_files(src, ["u.data", "u.user", "u.item"])
+    bad = BadRows()
     ratings = _read(src / "u.data", ["user", "item", "rating", "ts"], "\t",
-                    {"user": pa.int64(), "item": pa.int64(), "rating": pa.int64(), "ts": pa.int64()})
+                    {"user": pa.int64(), "item": pa.int64(), "rating": pa.int64(), "ts": pa.int64()}, bad)
     r = ratings["rating"].to_numpy()
     if ratings["rating"].null_count or not np.isin(r, [1, 2, 3, 4, 5]).all():
         raise AdapterError(f"{src / 'u.data'}: ratings must be integers 1..5")
     users = _read(src / "u.user", ["user", "age", "gender", "occupation", "zip"], "|",
-                  {"user": pa.int64(), "age": pa.int64(), "zip": pa.string()})
+                  {"user": pa.int64(), "age": pa.int64(), "zip": pa.string()}, bad)
     item_names = ["item", "title", "release", "video_release", "url", *[f"g{i}" for i in range(19)]]
-    items = _read(src / "u.item", item_names, "|", {"item": pa.int64(), "release": pa.string()},
+    items = _read(src / "u.item", item_names, "|", {"item": pa.int64(), "release": pa.string()}, bad,
                   encoding="latin-1")
     u = _lookup(users, "user", ratings["user"].to_numpy(), src / "u.user")
     it = _lookup(items, "item", ratings["item"].to_numpy(), src / "u.item")
@@ -173,14 +173,15 @@ def convert_100k(src: str | Path, out: str | Path, limit: int | None = None,
         "year_bucket": _year_bucket(year),
     }
     return _convert("movielens_100k", src, out, ratings, r.astype(np.int64), 6, side, ["genres"],
-                    limit, max_len)
+                    limit, max_len, force, bad)
 
 
 def convert_latest_small(src: str | Path, out: str | Path, limit: int | None = None,
-                         max_len: int = 100) -> dict[str, Any]:
+                         max_len: int = 100, force: bool = False) -> dict[str, Any]:
     src = Path(src)
     require_files(src, ["ratings.csv", "movies.csv"])
-    ratings = _read(src / "ratings.csv", None, ",", {"rating": pa.float64()})
+    bad = BadRows()
+    ratings = _read(src / "ratings.csv", None, ",", {"rating": pa.float64()}, bad)
     if ratings.column_names[:4] != ["userId", "movieId", "rating", "timestamp"]:
         raise AdapterError(f"{src / 'ratings.csv'}: header {ratings.column_names} is not "
                            "userId,movieId,rating,timestamp")
@@ -188,8 +189,9 @@ def convert_latest_small(src: str | Path, out: str | Path, limit: int | None = N
     code = np.round(ratings["rating"].to_numpy() * 2).astype(np.int64)
     if ratings["rating"].null_count or (code < 1).any() or (code > 10).any():
         raise AdapterError(f"{src / 'ratings.csv'}: ratings must be 0.5..5.0")
-    movies = _read(src / "movies.csv", None, ",", {"movieId": pa.int64(), "title": pa.string()})
+    movies = _read(src / "movies.csv", None, ",", {"movieId": pa.int64(), "title": pa.string()}, bad)
     m = _lookup(movies, "movieId", ratings["item"].to_numpy(), src / "movies.csv")
     year = pc.struct_field(pc.extract_regex(pc.utf8_trim_whitespace(m["title"]), r"\((?P<y>\d{4})\)$"), [0])
     side = {"genres": pc.split_pattern(m["genres"], "|"), "year_bucket": _year_bucket(year)}
-    return _convert("movielens_latest_small", src, out, ratings, code, 11, side, ["genres"], limit, max_len)
+    return _convert("movielens_latest_small", src, out, ratings, code, 11, side, ["genres"], limit, max_len,
+                    force, bad)

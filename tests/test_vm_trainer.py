@@ -1,0 +1,53 @@
+"""Vertical models train through the one Trainer, so the run's [train] knobs reach them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from opengem.data.dataset import Dataset
+from opengem.data.sim_config import SimConfig
+from opengem.data.simulate import simulate
+from opengem.model.registry import ModelConfig
+from opengem.train.config import TrainConfig
+from opengem.transfer.vertical import VMConfig, VMSchemaConfig, build_vm_dataset, derive_vm_schema
+from opengem.transfer.vm_train import ArmConfig, ProgressiveStudent
+
+
+@pytest.fixture(scope="module")
+def vm_data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("vm")
+    src = root / "sim"
+    simulate(SimConfig.from_dict({"rows": 1200, "days": 2, "surfaces": 2, "users": 200, "ads": 100,
+                                        "advertisers": 20, "topics": 10, "seq_mean": 6.0, "seq_max": 8,
+                                        "recent_k": 2, "emb_dim": 8}), src)
+    fm_schema = Dataset(src).schema
+    vm_schema = derive_vm_schema(fm_schema, VMSchemaConfig(max_len=4), name="vm_test")
+    out = build_vm_dataset(src, [0], root / "vm", None, None, vm_schema)
+    return vm_schema, out
+
+
+def _autocast_seen(vm_data, precision: str) -> list[tuple[bool, torch.dtype]]:
+    schema, data = vm_data
+    model = ModelConfig(name="dlrm")
+    model.embedding.d = 8
+    t = TrainConfig(precision=precision, warmup_steps=1, threads=1)
+    st = ProgressiveStudent(schema, VMConfig(model=model), ArmConfig(), t, str(data), torch.device("cpu"),
+                            None, batch_size=64)
+    seen: list[tuple[bool, torch.dtype]] = []
+    st.plain.register_forward_hook(
+        lambda *_: seen.append((torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"))))
+    try:
+        st.train_window(st.ds.partitions()[0])
+    finally:
+        st.close()
+    assert st.steps > 0 and len(seen) == st.steps
+    return seen
+
+
+def test_a_vertical_model_with_bf16_precision_trains_under_autocast(vm_data):
+    assert all(on and dtype == torch.bfloat16 for on, dtype in _autocast_seen(vm_data, "bf16"))
+
+
+def test_a_vertical_model_in_fp32_trains_without_autocast(vm_data):
+    assert not any(on for on, _ in _autocast_seen(vm_data, "fp32"))
