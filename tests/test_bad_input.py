@@ -9,8 +9,9 @@ import pytest
 
 from opengem.data.dataset import arrow_schema
 from opengem.data.loader import ParquetLoader
-from opengem.data.parquet import CanonicalWriter, DataError, random_columns
+from opengem.data.parquet import CanonicalWriter, DataError
 from opengem.data.schema import FeatureSchema
+from parquet_helpers import random_columns
 
 TINY = Path(__file__).resolve().parents[1] / "configs" / "schemas" / "tiny.toml"
 ROWS, BAD_ROW = 20, 13  # row groups of 8: the bad row sits in the second row group

@@ -25,11 +25,12 @@ from opengem.data import simulate as sim_mod
 from opengem.data.adapters import convert
 from opengem.data.commit import MARKER, OutputExistsError, leftovers, mark_complete, read_marker, staged_dir
 from opengem.data.dataset import Dataset
-from opengem.data.parquet import CanonicalWriter, random_columns
+from opengem.data.parquet import CanonicalWriter
 from opengem.data.schema import FeatureSchema
 from opengem.data.sim_config import SimConfig
 from opengem.data.simulate import simulate
 from opengem.errors import DatasetError
+from parquet_helpers import random_columns
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "configs" / "schemas" / "tiny.toml"

@@ -8,8 +8,9 @@ import pytest
 
 from opengem.data.commit import mark_complete
 from opengem.data.loader import ParquetLoader, merge_states
-from opengem.data.parquet import CanonicalWriter, random_columns
+from opengem.data.parquet import CanonicalWriter
 from opengem.data.schema import FeatureSchema
+from parquet_helpers import random_columns
 
 TINY = Path(__file__).resolve().parents[1] / "configs" / "schemas" / "tiny.toml"
 SIZES = (100, 61, 45)  # rows per file; row groups of 37 -> 3 + 2 + 2 units

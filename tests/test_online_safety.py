@@ -17,7 +17,7 @@ import pytest
 
 from opengem.data.commit import mark_complete, write_marker
 from opengem.data.dataset import Dataset
-from opengem.data.parquet import CanonicalWriter, random_columns
+from opengem.data.parquet import CanonicalWriter
 from opengem.data.schema import FeatureSchema
 from opengem.data.sim_config import SimConfig
 from opengem.data.simulate import simulate
@@ -31,6 +31,7 @@ from opengem.train.online import (
     train_online,
     version_for_ts,
 )
+from parquet_helpers import random_columns
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny.toml"

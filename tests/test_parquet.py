@@ -6,14 +6,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from opengem.data.dataset import arrow_schema
-from opengem.data.parquet import (
-    CanonicalWriter,
-    DataError,
-    random_columns,
-    record_batch_to_batch,
-    write_parquet,
-)
+from opengem.data.parquet import CanonicalWriter, DataError, write_parquet
 from opengem.data.schema import FeatureSchema
+from parquet_helpers import random_columns, record_batch_to_batch
 
 TINY = Path(__file__).resolve().parents[1] / "configs" / "schemas" / "tiny.toml"
 

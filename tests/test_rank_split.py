@@ -15,8 +15,9 @@ import pytest
 
 from dist_helpers import PY, ROOT, env, run_train
 from opengem.data.loader import ParquetLoader, Unit, deal, merge_states
-from opengem.data.parquet import CanonicalWriter, FileInfo, random_columns
+from opengem.data.parquet import CanonicalWriter, FileInfo
 from opengem.data.schema import FeatureSchema
+from parquet_helpers import random_columns
 
 SCHEMA = ROOT / "configs" / "schemas" / "tiny.toml"
 SIZES = (100, 61, 45)  # rows per file; row groups of 37 -> 37, 37, 26 | 37, 24 | 37, 8

@@ -17,13 +17,14 @@ from opengem.config import ConfigError
 from opengem.data.adapters import convert
 from opengem.data.adapters.common import write_dataset
 from opengem.data.dataset import Dataset
-from opengem.data.parquet import random_columns, write_parquet
+from opengem.data.parquet import write_parquet
 from opengem.data.schema import FeatureSchema
 from opengem.data.sim_config import SimConfig
 from opengem.data.simulate import simulate
 from opengem.data.splits import NAMED, OTHER, TIME, check_disjoint, layout, select_partitions
 from opengem.errors import DatasetError
 from opengem.train.config import DataConfig, load_run_config
+from parquet_helpers import random_columns
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_SCHEMA = REPO / "configs" / "schemas" / "tiny.toml"

@@ -6,8 +6,9 @@ import pytest
 
 from opengem.cli import main
 from opengem.data.commit import mark_complete
-from opengem.data.parquet import CanonicalWriter, random_columns
+from opengem.data.parquet import CanonicalWriter
 from opengem.data.schema import FeatureSchema
+from parquet_helpers import random_columns
 
 TINY = Path(__file__).resolve().parents[1] / "configs" / "schemas" / "tiny.toml"
 

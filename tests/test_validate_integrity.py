@@ -14,10 +14,11 @@ import pytest
 from opengem.cli import main
 from opengem.data.commit import MARKER, mark_complete
 from opengem.data.dataset import Dataset
-from opengem.data.parquet import ProblemLog, random_columns, write_parquet
+from opengem.data.parquet import ProblemLog, write_parquet
 from opengem.data.schema import FeatureSchema
 from opengem.data.validate import check_integrity
 from opengem.errors import DatasetError
+from parquet_helpers import random_columns
 
 TINY = Path(__file__).resolve().parents[1] / "configs" / "schemas" / "tiny.toml"
 DAY_S = 86400

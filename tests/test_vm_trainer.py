@@ -51,3 +51,19 @@ def test_a_vertical_model_with_bf16_precision_trains_under_autocast(vm_data):
 
 def test_a_vertical_model_in_fp32_trains_without_autocast(vm_data):
     assert not any(on for on, _ in _autocast_seen(vm_data, "fp32"))
+
+
+@pytest.mark.parametrize("key", ["train.eval_every=5", "train.checkpoint_every=10", "train.epochs=3"])
+def test_transfer_config_refuses_train_keys_its_vms_never_read(key):
+    from opengem.config import ConfigError
+    from opengem.transfer.experiment_config import load_experiment_config
+
+    with pytest.raises(ConfigError, match=f"{key.split('=')[0]} = .*do not read it"):
+        load_experiment_config("configs/transfer-tiny.toml", [key])
+
+
+def test_transfer_config_keeps_the_train_keys_vms_do_read():
+    from opengem.transfer.experiment_config import load_experiment_config
+
+    cfg = load_experiment_config("configs/transfer-tiny.toml", ["train.precision=\"bf16\"", "train.lr=0.01"])
+    assert cfg.train.precision == "bf16" and cfg.train.lr == 0.01

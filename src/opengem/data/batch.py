@@ -99,17 +99,3 @@ class Batch:
             example_id=self.example_id.pin_memory(),
             ts=self.ts.pin_memory(),
         )
-
-    def sequence_kjt(self) -> KeyedJaggedTensor:
-        """All sequence id fields as one KJT with keys ``<group>__<field>`` (for EmbeddingCollection)."""
-        keys, values, lengths = [], [], []
-        for g, sb in self.sequences.items():
-            for f, v in sb.ids.items():
-                keys.append(f"{g}__{f}")
-                values.append(v)
-                lengths.append(sb.lengths)
-        if not keys:
-            return KeyedJaggedTensor.empty()
-        return KeyedJaggedTensor.from_lengths_sync(
-            keys=keys, values=torch.cat(values), lengths=torch.cat(lengths)
-        )

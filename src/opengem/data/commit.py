@@ -50,6 +50,25 @@ class OutputExistsError(UsageError):
     """An output folder that already holds data and would be replaced or mixed without ``--force``."""
 
 
+# --------------------------------------------------------------------------- partitions
+TRUTH_DIR = "truth"  # simulator only: true label probabilities beside the partitions, never a partition
+
+
+def partition_names(root: Path) -> list[str]:
+    """Every partition folder of a dataset, sorted by name; a Parquet file outside any is an error."""
+    stray = sorted(p.name for p in root.glob("*.parquet") if not p.name.startswith("."))
+    if stray:
+        raise DatasetError(f"{root / stray[0]}: a Parquet file at the dataset root belongs to no "
+                           "partition: move it into a partition folder (e.g. train/ or day=000/) or "
+                           "remove it")
+    return sorted(p.name for p in root.iterdir()
+                  if p.is_dir() and p.name != TRUTH_DIR and not p.name.startswith((".", "_")))
+
+
+def partition_files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.glob("*.parquet") if not p.name.startswith("."))
+
+
 # --------------------------------------------------------------------------- markers
 def read_marker(folder: str | Path) -> dict[str, Any] | None:
     """The completion record of ``folder``, or None when it has no marker (never finished)."""
@@ -288,15 +307,15 @@ def mark_complete(root: str | Path, writer: str = "marked by hand", **record: An
     assembled by hand complete, after ``opengem validate`` found it clean (validate's ``--mark-complete``
     calls this). Returns the dataset marker (partitions with their rows and files).
     """
-    from opengem.data.dataset import Dataset  # dataset.py imports this module for the marker
-
-    ds = Dataset(root, require_complete=False, schema=None)
+    root = Path(root)
+    if not (root / "schema.toml").exists():
+        raise DatasetError(f"{root}: no schema.toml: not a dataset folder, nothing to mark complete")
     parts: dict[str, Any] = {}
-    for name in ds.partitions():
-        files = ds.partition_files(name)
+    for name in partition_names(root):
+        files = partition_files(root / name)
         rows = parquet_rows(files)
         parts[name] = {"rows": rows, "files": len(files)}
-        if _readable_marker(ds.root / name) is None:
-            write_marker(ds.root / name, writer, rows=rows, files=[f.name for f in files])
-    return write_marker(ds.root, writer, **{**record, "rows": sum(p["rows"] for p in parts.values()),
+        if _readable_marker(root / name) is None:
+            write_marker(root / name, writer, rows=rows, files=[f.name for f in files])
+    return write_marker(root, writer, **{**record, "rows": sum(p["rows"] for p in parts.values()),
                                             "partitions": parts})

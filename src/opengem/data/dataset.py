@@ -29,12 +29,18 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from opengem.data.commit import MARK_HINT, MARKER, leftovers, read_marker
+from opengem.data.commit import (
+    MARK_HINT,
+    MARKER,
+    TRUTH_DIR,
+    leftovers,
+    partition_files,
+    partition_names,
+    read_marker,
+)
 from opengem.data.schema import FeatureSchema
 from opengem.data.splits import select_partitions
 from opengem.errors import DatasetError
-
-TRUTH_DIR = "truth"
 
 
 def arrow_schema(schema: FeatureSchema) -> pa.Schema:
@@ -92,13 +98,7 @@ class Dataset:
 
     def partitions(self) -> list[str]:
         """Every partition folder, sorted by name; a Parquet file outside any partition is an error."""
-        stray = sorted(p.name for p in self.root.glob("*.parquet") if not p.name.startswith("."))
-        if stray:
-            raise DatasetError(f"{self.root / stray[0]}: a Parquet file at the dataset root belongs to no "
-                               "partition: move it into a partition folder (e.g. train/ or day=000/) or "
-                               "remove it")
-        return sorted(p.name for p in self.root.iterdir()
-                      if p.is_dir() and p.name != TRUTH_DIR and not p.name.startswith((".", "_")))
+        return partition_names(self.root)
 
     def partition_complete(self, part: str) -> bool:
         """The partition was committed whole: it holds its own marker, or the dataset marker lists it."""
@@ -107,7 +107,7 @@ class Dataset:
         return self.marker is not None and part in self.marker.get("partitions", {})
 
     def partition_files(self, part: str) -> list[Path]:
-        return sorted(p for p in (self.root / part).glob("*.parquet") if not p.name.startswith("."))
+        return partition_files(self.root / part)
 
     def check_partition(self, part: str) -> None:
         """Raise a DatasetError when ``part`` is not committed or holds no rows (see the module doc)."""

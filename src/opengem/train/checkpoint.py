@@ -46,6 +46,7 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
+from opengem.data.loader import merge_states
 from opengem.errors import OpengemError
 
 CHECKPOINTS = "checkpoints"
@@ -303,8 +304,6 @@ def save(path: str | Path, step: int, model: nn.Module, *, dense_opt: torch.opti
     checkpoints in the same folder are never deleted). meta.json records ``run_id`` and the sha256 of DCP's
     ``.metadata``, which loading checks before unpickling anything.
     """
-    from opengem.data.loader import merge_states
-
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     if _rank() == 0:
@@ -337,12 +336,6 @@ def save(path: str | Path, step: int, model: nn.Module, *, dense_opt: torch.opti
     return path
 
 
-def save_model(model: nn.Module, path: str | Path, step: int) -> Path:
-    """Weights only (no optimizer or loader state): for tools that only need the model."""
-    return save(path, step, model)
-
-
-# --------------------------------------------------------------------------- find and check
 def read_meta(path: str | Path) -> dict[str, Any]:
     """meta.json of a complete checkpoint, or a CheckpointError saying what is wrong with it."""
     path = Path(path)

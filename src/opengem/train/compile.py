@@ -27,6 +27,7 @@ from typing import Any
 from torch import nn
 
 from opengem.train.config import COMPILE_BACKENDS, RunConfig
+from opengem.train.optim import embedding_modules
 
 CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 
@@ -53,8 +54,6 @@ def configure_compile_cache(cache_dir: str | Path | None = None) -> Path:
 
 
 def _has_embedding(module: nn.Module) -> bool:
-    from opengem.train.optim import embedding_modules
-
     return bool(embedding_modules(module))
 
 
@@ -72,7 +71,7 @@ def apply_compile(model: nn.Module, backend: str = "inductor", dynamic: bool | N
                   fullgraph: bool = False) -> list[str]:
     """Compile the dense children of ``model`` in place; returns their names.
 
-    Pass the plain model (``trainer.unwrap``), not a DMP wrapper: its dense children are the same objects.
+    Pass the plain model (``ParallelModel.plain``), not a DMP wrapper: its dense children are the same.
     """
     if backend not in COMPILE_BACKENDS:
         raise ValueError(f"train.compile_backend: {backend!r} is not one of {', '.join(COMPILE_BACKENDS)}")

@@ -135,13 +135,6 @@ def barrier() -> None:
         dist.barrier()
 
 
-def setup_rank_logging() -> None:
-    """Rank 0 logs at INFO; other ranks only warnings and errors (they say which rank they are)."""
-    level = logging.INFO if is_main() else logging.WARNING
-    logging.basicConfig(level=level, format=f"[rank {rank()}] %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("opengem").setLevel(level)
-
-
 def lockstep(batches: Iterable[Any], device: torch.device,
              max_batches: int = 0) -> Iterator[tuple[Any, bool]]:
     """(batch, real) while ANY rank still has a batch: sharded models need every rank in every forward.

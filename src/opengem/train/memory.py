@@ -22,17 +22,16 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from opengem.model.interformer import InterFormerLayer
+from opengem.model.sequence import PyramidLevel, TransformerBlock
+from opengem.model.wukong import CrossLayerAttention, WukongLayer
 from opengem.train.config import AC_MODES, FP8_MODES, PRECISIONS
 
 FP8_DTYPES = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 
 
 def checkpoint_layer_types() -> tuple[type[nn.Module], ...]:
-    """The modules AC wraps: one per GEM layer (imported lazily: train must not import model at load)."""
-    from opengem.model.interformer import InterFormerLayer
-    from opengem.model.sequence import PyramidLevel, TransformerBlock
-    from opengem.model.wukong import CrossLayerAttention, WukongLayer
-
+    """The modules AC wraps: one per GEM layer."""
     return (InterFormerLayer, WukongLayer, CrossLayerAttention, PyramidLevel, TransformerBlock)
 
 

@@ -41,7 +41,9 @@ from opengem.data.schema import FeatureSchema
 from opengem.errors import UsageError
 from opengem.model.registry import build_model
 from opengem.train import distributed
+from opengem.train.compile import apply_compile
 from opengem.train.config import SHARDINGS, RunConfig, TrainConfig
+from opengem.train.memory import apply_activation_checkpointing
 from opengem.train.optim import apply_sparse_optimizer, embedding_modules
 from opengem.train.startup import StartupTimer
 
@@ -63,8 +65,6 @@ def apply_memory_savers(model: nn.Module, cfg: TrainConfig) -> list[str]:
     mode = getattr(cfg, "activation_checkpointing", "none")
     if not mode or mode == "none":
         return []
-    from opengem.train.memory import apply_activation_checkpointing
-
     return apply_activation_checkpointing(model, mode)
 
 
@@ -72,8 +72,6 @@ def apply_compile_hook(model: nn.Module, cfg: TrainConfig) -> list[str]:
     """Hook point for ``opengem.train.compile``: compile the dense children (if ``train.compile``)."""
     if not getattr(cfg, "compile", False):
         return []
-    from opengem.train.compile import apply_compile
-
     return apply_compile(model, backend=getattr(cfg, "compile_backend", "inductor"))
 
 

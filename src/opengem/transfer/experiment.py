@@ -53,7 +53,7 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path, log: Any = print) -> 
     cfg.validate()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    dev = resolve_device("cpu")
+    dev = resolve_device(cfg.train.device)  # every VM of the experiment trains here
     arms = [a for a in ALL_ARMS if a in cfg.arms]
     t0 = time.perf_counter()
     with process_group(dev) as pg, cpu_threads(cfg.threads):

@@ -12,6 +12,12 @@ from opengem.train.config import RunConfig, TrainConfig
 from opengem.transfer.adapter import AdapterConfig
 from opengem.transfer.vertical import VMConfig, VMSchemaConfig
 
+# [train] keys the VMs never read: the experiment sets the schedule (epochs_per_window per window) and
+# evaluates and saves nothing per VM; a value given for one of them would be silently ignored.
+VM_IGNORED_TRAIN_KEYS = ("epochs", "log_every", "eval_every", "eval_max_batches", "checkpoint_every",
+                         "final_eval", "keep_checkpoints", "progress", "online_poll_s",
+                         "online_max_idle_s", "online_until", "online_first")
+
 ALL_ARMS = ("baseline", "kd", "aux_head", "student_adapter", "fm_embeddings", "param_sharing", "hierarchical")
 
 
@@ -60,7 +66,9 @@ class ExperimentConfig:
     data: DataSource = field(default_factory=DataSource)
     fm: RunConfig = field(default_factory=RunConfig)
     vm: VMConfig = field(default_factory=VMConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)  # VM optimisers (steps/epochs unused)
+    # how every VM trains (through the one Trainer): optimisers, precision, compile, memory savers, sharding;
+    # the keys in VM_IGNORED_TRAIN_KEYS are the experiment's own business and refused here
+    train: TrainConfig = field(default_factory=TrainConfig)
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     surfaces: list[str] = field(default_factory=list)  # VM surfaces ([] = all)
     lag: int = 1  # default staleness (versions behind the freshest allowed one)
@@ -83,6 +91,14 @@ class ExperimentConfig:
     threads: int = 1
 
     def validate(self) -> None:
+        defaults = TrainConfig()
+        given = [k for k in VM_IGNORED_TRAIN_KEYS if getattr(self.train, k) != getattr(defaults, k)]
+        if given:
+            key = given[0]
+            raise ConfigError(f"train.{key} = {getattr(self.train, key)!r}: the transfer experiment's VMs "
+                              "do not read it (they train epochs_per_window per window, with no per-VM "
+                              "evaluation or checkpoints); remove it (not read: "
+                              f"{', '.join(VM_IGNORED_TRAIN_KEYS)})")
         bad = [a for a in self.arms if a not in ALL_ARMS]
         if bad:
             raise ConfigError(f"arms: unknown {bad} (known: {ALL_ARMS})")

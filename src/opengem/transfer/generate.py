@@ -48,7 +48,13 @@ from opengem.data.commit import (
     write_marker,
 )
 from opengem.data.dataset import Dataset
+from opengem.data.loader import ParquetLoader
 from opengem.errors import DatasetError, UsageError
+from opengem.train import checkpoint as ckpt
+from opengem.train.config import load_run_config
+from opengem.train.distributed import process_group
+from opengem.train.env import cpu_threads, resolve_device
+from opengem.train.parallelize import build_run_model
 from opengem.transfer.versions import FMVersion, VersionError, list_versions, parse_fm_spec, select_versions
 
 EMBEDDINGS = ("user", "ad", "trunk")
@@ -133,9 +139,6 @@ def _load_version(v: FMVersion, schema: Any, device: torch.device, pg: Any) -> t
     """Rebuild and load one version. Two layouts: ours (the version folder is a training run with
     config.toml + checkpoints/) and the online trainer's (the version folder *is* the checkpoint and the
     run's config.toml sits two levels up, RUN/config.toml)."""
-    from opengem.train import checkpoint as ckpt
-    from opengem.train.config import load_run_config
-    from opengem.train.parallelize import build_run_model
 
     cfg_path = v.path / "config.toml"
     if not cfg_path.exists():
@@ -219,9 +222,6 @@ def generate(
     max_models: int = 2,
 ) -> dict[str, Any]:
     """Write the side table for ``partitions`` of ``data``; returns (and writes) the manifest."""
-    from opengem.data.loader import ParquetLoader
-    from opengem.train.distributed import process_group
-    from opengem.train.env import cpu_threads, resolve_device
 
     warnings.filterwarnings("ignore", category=FutureWarning)
     run, pinned = parse_fm_spec(str(fm))

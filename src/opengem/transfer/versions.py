@@ -23,7 +23,9 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
+from opengem.data.dataset import Dataset
 from opengem.errors import OpengemError
+from opengem.train.trainer import train
 
 VERSIONS = "versions"
 VERSION_NAME = re.compile(r"v\d+")
@@ -155,9 +157,6 @@ def train_fm_versions(
     from its own newest checkpoint; ``reuse=False`` retrains every version, the old one moved aside whole
     (a version folder is a run folder, which the trainer never lets a new run overwrite or mix into).
     """
-    from opengem.data.dataset import Dataset
-    from opengem.train.trainer import train
-
     ds = Dataset(data_dir)
     parts = partitions or ds.partitions()
     if len(parts) < 2:

@@ -35,6 +35,7 @@ from opengem.data.schema import DenseFeature, FeatureSchema, SequenceGroup, Task
 from opengem.model.output import ModelOutput
 from opengem.model.registry import ModelConfig, build_model
 from opengem.transfer.distill import grad_scale
+from opengem.transfer.shared_encoder import SharedHistoryEncoder
 
 
 @dataclass
@@ -192,8 +193,6 @@ class VerticalModel(nn.Module):
 
     def attach_shared_history(self, fm: nn.Module) -> list[str]:
         """Add the FM's sequence encoder path (see ``shared_encoder``); returns the FM-copied param names."""
-        from opengem.transfer.shared_encoder import SharedHistoryEncoder
-
         if not hasattr(self.base, "interact"):
             raise ValueError(f"share_sequence_encoder: VM model {type(self.base).__name__} has no interact()")
         self.shared_history = SharedHistoryEncoder(fm, self.schema, self.base.head.in_dim)
