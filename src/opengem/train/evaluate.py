@@ -156,7 +156,9 @@ def format_metrics(results: dict[str, dict[str, Any]], oracle: dict[str, Any] | 
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--run", required=True, help="training run folder (has config.toml and checkpoints/)")
+    p.add_argument("--run", "--run-dir", dest="run", required=True,
+                   help="training run folder (has config.toml and checkpoints/); under torchrun, whose own "
+                        "--run-path swallows --run, write --run-dir")
     p.add_argument("--data", default=None, help="dataset folder (default: the one the run trained on)")
     p.add_argument("--partitions", default=None, help="partition spec (default: the run's data.eval)")
     p.add_argument("--device", default=None, choices=["auto", "cpu", "cuda"])
