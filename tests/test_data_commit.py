@@ -219,21 +219,21 @@ def test_convert_refuses_a_non_empty_out_unless_force_and_then_swaps(tmp_path, c
 
 
 def test_convert_failing_mid_write_keeps_the_previous_output(tmp_path, monkeypatch):
-    from opengem.data.adapters import common
+    from opengem.data.parquet import CanonicalWriter
 
     src = criteo_src(tmp_path / "src")
     out = tmp_path / "out"
     convert("criteo_kaggle_head", src, out)
     before = tree_bytes(out)
-    real, calls = common.pq.write_table, []
+    real, calls = CanonicalWriter.write, []
 
-    def fail_second(table, where, **kw):
-        calls.append(where)
+    def fail_second(self, data):
+        calls.append(self.path)
         if len(calls) == 2:
             raise KeyboardInterrupt
-        return real(table, where, **kw)
+        return real(self, data)
 
-    monkeypatch.setattr(common.pq, "write_table", fail_second)
+    monkeypatch.setattr(CanonicalWriter, "write", fail_second)
     with pytest.raises(KeyboardInterrupt):
         convert("criteo_kaggle_head", src, out, force=True)
     assert tree_bytes(out) == before and not leftovers(out, dead_only=False)

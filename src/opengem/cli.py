@@ -29,12 +29,19 @@ from typing import NoReturn
 
 from opengem.errors import OpengemError
 
+# model.name values, as opengem.model.registry.MODEL_NAMES (not imported here: it pulls in torch; a test
+# keeps the two equal)
+MODEL_NAMES = ("gem", "wukong", "dlrm", "dcnv2", "din", "lr")
+
 COMMANDS: dict[str, tuple[str, str]] = {
     "simulate": ("opengem.data.simulate", "generate a dataset with the ads-platform simulator"),
-    "convert": ("opengem.data.adapters", "convert a real dataset to canonical Parquet"),
+    "convert": ("opengem.data.adapters", "convert a named public dataset, or your own CSV/TSV/Parquet/libsvm "
+                                         "table ('convert table'), to canonical Parquet"),
     "validate": ("opengem.data.validate", "check a dataset against its schema"),
-    "train": ("opengem.train.cli", "train a model (GEM, DLRM, DCNv2, DIN)"),
+    "train": ("opengem.train.cli", f"train a model: model.name = {' | '.join(MODEL_NAMES)}"),
     "evaluate": ("opengem.train.evaluate", "evaluate a run: NE, AUC, calibration per surface x task"),
+    "predict": ("opengem.train.predict", "score rows with a trained run: example_id, surface, one "
+                "probability per task -> Parquet"),
     "generate": ("opengem.transfer.generate", "knowledge generation: FM soft labels and embeddings"),
     "transfer": ("opengem.transfer.experiment", "the FM -> VM transfer experiment"),
     "bench": ("opengem.bench.cli", "throughput, MFU, memory and start-up benchmarks"),

@@ -23,7 +23,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from opengem.config import ConfigError
+from opengem.errors import OpengemError, UsageError
+
+
+class BenchError(OpengemError, RuntimeError):
+    """A model benchmarked in its own process (``--models a,b``) stopped on a user error; its exit code."""
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -70,15 +78,21 @@ def format_table(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def check_args(args: argparse.Namespace) -> None:
+    """Refuse counts that cannot make a benchmark, naming the flag, before any config or data is read."""
+    for flag, value, least in (("--steps", args.steps, 1), ("--windows", args.windows, 1),
+                               ("--warmup", args.warmup, 0), ("--pool", args.pool, 1)):
+        if value < least:
+            raise UsageError(f"{flag}: must be >= {least} (got {value})")
+    if args.peak_n is not None and args.peak_n < 1:
+        raise UsageError(f"--peak-n: must be >= 1 (got {args.peak_n})")
+
+
 def run(args: argparse.Namespace) -> int:
     from opengem.train.config import load_run_config
 
-    try:
-        cfg = load_run_config(args.config, args.overrides)
-    except ConfigError as e:
-        print(f"opengem bench: {e}", file=sys.stderr)
-        return 2
-    return run_train(args, cfg)
+    check_args(args)
+    return run_train(args, load_run_config(args.config, args.overrides))
 
 
 def run_train(args: argparse.Namespace, cfg: Any) -> int:
@@ -123,5 +137,10 @@ def bench_subprocess(args: argparse.Namespace, model: str) -> dict[str, Any]:
             cmd += [flag, str(v)]
     proc = subprocess.run([*cmd, *args.overrides], capture_output=True, text=True)
     if proc.returncode != 0:
+        # the child's own one-line error (a user's mistake) is ours; anything else is a crash, with its trace
+        errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("opengem bench: error: ")]
+        if errors and "Traceback (most recent call last)" not in proc.stderr:
+            raise BenchError(f"model {model}: {errors[-1].removeprefix('opengem bench: error: ')}",
+                             proc.returncode)
         raise RuntimeError(f"bench {model} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout)

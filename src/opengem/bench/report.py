@@ -24,6 +24,7 @@ from opengem.bench.report_data import (
     metric_keys,
 )
 from opengem.config import flatten_dict
+from opengem.errors import UsageError
 
 SECTIONS = ("overview", "curves", "metrics", "calibration", "throughput", "config", "scaling")
 MEMORY_HINTS = ("mem", "rss")
@@ -334,8 +335,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         out = write_report(args.paths, args.out)
-    except ReportError as e:
-        print(f"opengem report: {e}")
-        return 2
+    except ReportError as e:  # every one names a folder given on the command line: a usage error (exit 2)
+        raise UsageError(str(e)) from e
     print(f"wrote {out}  ({out.stat().st_size / 1024:.0f} KiB, self-contained; open it in a browser)")
     return 0

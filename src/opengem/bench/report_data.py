@@ -20,7 +20,9 @@ from opengem.errors import OpengemError
 
 RUN_FILES = ("config.toml", "metrics.jsonl", "train_summary.json", "eval.json")
 SWEEP_FILES = ("scaling.csv", "fits.json", "scaling.png")
-PREDICTIONS = "predictions.parquet"  # optional: columns surface, task, p, y -> reliability curves
+# optional: -> reliability curves. Long (columns surface, task, p, y) or as `opengem predict` writes it
+# (surface, one probability column per task, <task>_label beside it)
+PREDICTIONS = "predictions.parquet"
 
 
 class ReportError(OpengemError, ValueError):
@@ -171,11 +173,25 @@ def reliability_from_predictions(path: Path) -> dict[str, tuple[list[float], lis
     """Reliability curves per ``surface/task`` (and ``all/task``) from a predictions Parquet file."""
     import pyarrow.parquet as pq
 
-    t = pq.read_table(path, columns=["surface", "task", "p", "y"]).to_pydict()
-    surf = np.asarray(t["surface"], dtype=object)
-    task = np.asarray(t["task"], dtype=object)
-    p = np.asarray(t["p"], dtype=np.float64)
-    y = np.asarray(t["y"], dtype=np.float64)
+    names = pq.read_schema(path).names
+    if {"task", "p", "y"} <= set(names):
+        t = pq.read_table(path, columns=["surface", "task", "p", "y"]).to_pydict()
+        surf = np.asarray(t["surface"], dtype=object)
+        task = np.asarray(t["task"], dtype=object)
+        p = np.asarray(t["p"], dtype=np.float64)
+        y = np.asarray(t["y"], dtype=np.float64)
+    else:  # opengem predict's layout: one row per example
+        tasks = [n[: -len("_label")] for n in names if n.endswith("_label") and n[: -len("_label")] in names]
+        if not tasks:
+            raise KeyError("neither columns task, p, y nor <task> with <task>_label")
+        t = pq.read_table(path, columns=["surface", *tasks, *(f"{k}_label" for k in tasks)]).to_pydict()
+        parts = [(np.asarray(t["surface"], dtype=object), np.full(len(t["surface"]), k, dtype=object),
+                  np.asarray(t[k], dtype=np.float64),
+                  np.asarray([np.nan if v is None else v for v in t[f"{k}_label"]], dtype=np.float64))
+                 for k in tasks]
+        surf, task, p, y = (np.concatenate([x[i] for x in parts]) for i in range(4))
+    seen = ~np.isnan(y)  # unobserved labels say nothing about calibration
+    surf, task, p, y = surf[seen], task[seen], p[seen], y[seen]
     out: dict[str, tuple[list[float], list[float]]] = {}
     for tk in sorted(set(task.tolist())):
         sel_t = task == tk

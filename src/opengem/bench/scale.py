@@ -394,11 +394,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        sweep = load_sweep_config(args.config, args.sweep_overrides)
-    except ConfigError as e:
-        print(f"opengem scale: {e}", file=sys.stderr)
-        return 2
+    sweep = load_sweep_config(args.config, args.sweep_overrides)
     out = Path(args.out or Path("runs/scale") / Path(args.config).stem)
     result = run_sweep(sweep, out, args.data, args.overrides)
     print(format_result(result))

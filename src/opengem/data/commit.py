@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pyarrow.parquet as pq
 
@@ -243,11 +243,14 @@ def staged_dir(dest: str | Path, *, writer: str, force: bool = False,
     """
     dest = Path(dest).absolute()
     check_target(dest, force)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    for p in leftovers(dest):
-        shutil.rmtree(p, ignore_errors=True)
     st = Staging(_new_sibling(dest, "tmp"), dest)
-    st.path.mkdir()
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        for p in leftovers(dest):
+            shutil.rmtree(p, ignore_errors=True)
+        st.path.mkdir()
+    except OSError as e:
+        _raise_naming_dest(e, st)
     try:
         yield st
         if dataset:
@@ -256,9 +259,31 @@ def staged_dir(dest: str | Path, *, writer: str, force: bool = False,
             write_marker(st.path, writer, **st.record)
         fsync_tree(st.path)
         _swap_in(st.path, dest, force)
+    except OSError as e:
+        shutil.rmtree(st.path, ignore_errors=True)
+        _raise_naming_dest(e, st)
     except BaseException:
         shutil.rmtree(st.path, ignore_errors=True)
         raise
+
+
+def _raise_naming_dest(e: OSError, st: Staging) -> NoReturn:
+    """Raise ``e``, naming the output folder the user gave (``--out``) where it names the hidden temporary
+    one: ``out/day=000/x.parquet: disk full``, not ``.out.tmp-host-123-abc/day=000/x.parquet``."""
+
+    def shown(name: object) -> object:
+        if not isinstance(name, (str, bytes)):
+            return name  # None, or a file descriptor
+        path = Path(os.fsdecode(name))
+        try:
+            return str(st.dest / path.relative_to(st.path))
+        except ValueError:
+            return name  # a path outside the temporary folder: already the one to name
+
+    first, second = shown(e.filename), shown(e.filename2)
+    if e.errno is None or (first, second) == (e.filename, e.filename2):
+        raise e
+    raise OSError(e.errno, e.strerror, first, None, None if second == first else second) from e
 
 
 def _swap_in(tmp: Path, dest: Path, force: bool) -> None:

@@ -209,7 +209,7 @@ class FeatureSchema:
         return dumps_toml(self.to_dict())
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(self.to_toml())
+        Path(path).write_text(self.to_toml(), encoding="utf-8")  # read_toml reads UTF-8, whatever the locale
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], source: str = "<dict>") -> FeatureSchema:

@@ -6,9 +6,13 @@ configs, docs) does not import the generator.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+import io
+from dataclasses import asdict, dataclass
+from functools import cache
 from typing import Any
 
+from opengem.config import ConfigError
+from opengem.config import from_dict as config_from_dict
 from opengem.data.schema import (
     DenseFeature,
     FeatureSchema,
@@ -22,10 +26,25 @@ from opengem.errors import UsageError
 SURFACE_NAMES = ("feed", "stories", "video", "messaging", "search", "marketplace", "reels", "notifications")
 N_ACTIONS = 5  # 0 organic view, 1 organic engage, 2 ad impression, 3 ad click, 4 ad conversion
 START_TS = 1_700_006_400  # 2023-11-15 00:00:00 UTC
+# Parquet codecs by the names pyarrow takes; which of them this pyarrow build can write is asked of pyarrow
+PARQUET_CODECS = ("none", "snappy", "gzip", "brotli", "lz4", "zstd")
 
 
 class SimConfigError(UsageError, ValueError):
     pass
+
+
+@cache
+def parquet_codec_ok(name: str) -> bool:
+    """True when pyarrow can write a Parquet file with compression ``name`` (pyarrow's own check)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        pq.write_table(pa.table({"x": pa.array([], pa.int8())}), io.BytesIO(), compression=name)
+    except Exception:  # noqa: BLE001 - pyarrow says no with ArrowException, OSError or ValueError
+        return False
+    return True
 
 
 @dataclass
@@ -69,10 +88,13 @@ class SimConfig:
     compression: str = "zstd"
     start_ts: int = START_TS
 
-    def validate(self) -> None:
+    def validate(self, where: str = "") -> None:
+        """Refuse a config the simulator cannot run, naming the key (under ``where``, e.g. ``data.sim``)."""
+
         def need(ok: bool, key: str, msg: str) -> None:
             if not ok:
-                raise SimConfigError(f"simulate: {key}: {msg} (got {getattr(self, key)!r})")
+                name = f"{where}.{key}" if where else key
+                raise SimConfigError(f"{name}: {msg} (got {getattr(self, key)!r})")
 
         need(self.rows > 0, "rows", "must be > 0")
         need(self.days > 0, "days", "must be > 0")
@@ -90,6 +112,9 @@ class SimConfig:
         need(self.id_weight >= 0, "id_weight", "must be >= 0")
         for k in ("zipf_users", "zipf_ads", "zipf_topics"):
             need(self.__dict__[k] > 0, k, "must be > 0")
+        if not (isinstance(self.compression, str) and parquet_codec_ok(self.compression)):
+            codecs = ", ".join(c for c in PARQUET_CODECS if parquet_codec_ok(c))
+            need(False, "compression", f"not a Parquet codec this pyarrow can write; choose one of {codecs}")
 
     @property
     def surface_names(self) -> list[str]:
@@ -99,12 +124,15 @@ class SimConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> SimConfig:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise SimConfigError(f"simulate: unknown config key(s) {', '.join(unknown)}")
-        return cls(**d)
+    def from_dict(cls, d: dict[str, Any], where: str = "data.sim") -> SimConfig:
+        """A SimConfig from a config table (``[data.sim]``): an unknown key or a value of the wrong type is a
+        SimConfigError naming ``where.key``, and so is a value the simulator cannot run (:meth:`validate`)."""
+        try:
+            cfg = config_from_dict(cls, d, where)
+        except ConfigError as e:
+            raise SimConfigError(str(e)) from None
+        cfg.validate(where)
+        return cfg
 
 
 def sim_schema(cfg: SimConfig) -> FeatureSchema:

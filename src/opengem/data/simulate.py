@@ -65,7 +65,8 @@ def _to_record_batch(chunk: Chunk, aschema: pa.Schema) -> pa.RecordBatch:
         elif pa.types.is_list(f.type):
             off = chunk.offsets[name]
             if off[-1] < 0 or len(chunk.columns[name]) >= 2**31:
-                raise SimConfigError(f"simulate: chunk too large for list column {name}: lower chunk_rows")
+                raise SimConfigError(f"chunk_rows: a chunk of {len(chunk.click)} rows is too large for list "
+                                     f"column {name}: lower chunk_rows")
             arrays.append(pa.ListArray.from_arrays(pa.array(off, pa.int32()),
                                                    pa.array(chunk.columns[name], f.type.value_type)))
         else:

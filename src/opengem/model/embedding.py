@@ -33,10 +33,41 @@ from torchrec.modules.embedding_configs import EmbeddingConfig as TrecEmbeddingC
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor
 
+from opengem.config import ConfigError
 from opengem.data.batch import Batch
 from opengem.data.schema import SEQ_SEP, FeatureSchema
 from opengem.model.flops import linear_flops, mlp_flops
 from opengem.ops.jagged import jagged_to_padded
+
+
+# --------------------------------------------------------------------------- config checks
+# A model's size knobs are checked where the model is built, before any tensor is made, so that a bad value
+# (model.embedding.d=-4) is one line naming the key instead of a shape error deep in torch. Keys are named
+# relative to the model section ("embedding.d"); registry.build_model puts the section ("model.") in front.
+def check_at_least(key: str, value: int | float, minimum: int) -> None:
+    if value < minimum:
+        raise ConfigError(f"{key}: must be >= {minimum} (got {value!r})")
+
+
+def check_widths(key: str, widths: list[int]) -> None:
+    """Every hidden width of an MLP is a positive number of units."""
+    bad = [w for w in widths if w < 1]
+    if bad:
+        raise ConfigError(f"{key}: every width must be >= 1 (got {list(widths)!r})")
+
+
+def check_choice(key: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{key}: {value!r} is not one of {', '.join(allowed)}")
+
+
+def check_heads(key: str, heads: int, d: int) -> None:
+    """Attention heads split the token width ``d`` (model.embedding.d) evenly."""
+    check_at_least(key, heads, 1)
+    if d % heads:
+        divisors = [h for h in range(1, d + 1) if d % h == 0]
+        raise ConfigError(f"{key}: must divide embedding.d = {d} (got {heads}; allowed: "
+                          f"{', '.join(map(str, divisors[:12]))}{', ...' if len(divisors) > 12 else ''})")
 
 
 @dataclass
@@ -86,16 +117,14 @@ class _TokenSpec:
 class FeatureEmbedding(nn.Module):
     def __init__(self, schema: FeatureSchema, cfg: EmbeddingConfig) -> None:
         super().__init__()
-        if cfg.d <= 0:
-            raise ValueError(f"embedding.d must be > 0, got {cfg.d}")
-        if cfg.dense_tokens < 0:
-            raise ValueError(f"embedding.dense_tokens must be >= 0, got {cfg.dense_tokens}")
+        check_at_least("embedding.d", cfg.d, 1)
+        check_at_least("embedding.dense_tokens", cfg.dense_tokens, 0)
+        check_at_least("embedding.dense_hidden", cfg.dense_hidden, 0)
+        check_at_least("embedding.init_scale", cfg.init_scale, 0)
         self.schema = schema
         self.cfg = cfg
         self.d = d = cfg.d
         tables = schema.tables()
-        if cfg.init_scale < 0:
-            raise ValueError(f"embedding.init_scale must be >= 0, got {cfg.init_scale}")
 
         def init_range(dim: int) -> dict[str, float]:
             # weight_init_min/max (not init_fn): sharded TorchRec kernels initialise from these
@@ -107,7 +136,7 @@ class FeatureEmbedding(nn.Module):
         seq_tables = {f.table_name for g in schema.sequences for f in g.id_fields}
         unknown = [n for n in cfg.target_features if n not in schema.sparse_names]
         if unknown:
-            raise ValueError(
+            raise ConfigError(
                 f"embedding.target_features: {unknown} are not sparse features of schema "
                 f"{schema.name!r} (known: {schema.sparse_names})"
             )
@@ -201,7 +230,9 @@ class FeatureEmbedding(nn.Module):
         self.num_sparse_tokens = len(specs)
         self.num_tokens = self.num_sparse_tokens + self.num_dense_tokens + (1 if cfg.surface_token else 0)
         if self.num_tokens == 0:
-            raise ValueError(f"schema {schema.name!r} with this embedding config yields no tokens")
+            raise ConfigError(f"embedding: schema {schema.name!r} with this embedding config yields no "
+                              "tokens (it has no sparse features): set embedding.surface_token = true, or "
+                              "embedding.dense_tokens >= 1 if it has dense features")
 
         # --- sequence groups: per-event Linear(concat(fields)) -> d
         self._seq_in_dim = {

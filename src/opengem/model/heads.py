@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from opengem.config import ConfigError
 from opengem.model.flops import mlp_flops
 
 
@@ -23,6 +24,9 @@ from opengem.model.flops import mlp_flops
 class HeadConfig:
     hidden: list[int] = field(default_factory=lambda: [64])  # shared trunk MLP
     adapter_dim: int = 16  # per-surface residual adapter bottleneck (0 = off)
+    # Dropout on the head's input and on the trunk's output (training only; 0 = off). Small click logs
+    # overfit within a few epochs: this is the cheapest brake that every model shares.
+    dropout: float = 0.0
 
 
 def mlp(dims: Sequence[int], final_activation: bool = True) -> nn.Sequential:
@@ -42,12 +46,16 @@ class MultiSurfaceHead(nn.Module):
             raise ValueError(f"MultiSurfaceHead needs >= 1 surface and task, got {num_surfaces}, {num_tasks}")
         if cfg.adapter_dim < 0 or any(h <= 0 for h in cfg.hidden):
             raise ValueError(f"head: hidden widths and adapter_dim must be positive, got {cfg}")
+        if not 0.0 <= cfg.dropout < 1.0:
+            raise ConfigError(f"model.head.dropout: must be in [0, 1) (got {cfg.dropout})")
         self.cfg = cfg
         self.in_dim = in_dim
         self.num_surfaces = num_surfaces
         self.num_tasks = num_tasks
         self._trunk_dims = [in_dim, *cfg.hidden]
         self.trunk = mlp(self._trunk_dims) if cfg.hidden else nn.Identity()
+        # outside ``trunk`` so that parameter names (and old checkpoints) do not depend on it
+        self.dropout = nn.Dropout(cfg.dropout) if cfg.dropout else nn.Identity()
         H = self.out_dim = self._trunk_dims[-1]
         a = cfg.adapter_dim
         if a:
@@ -70,13 +78,26 @@ class MultiSurfaceHead(nn.Module):
                 f"batch.surface has values in [{int(surface.min())}, {int(surface.max())}], "
                 f"expected [0, {self.num_surfaces})"
             )
-        trunk = self.trunk(x)
-        h = trunk[:, None, :]  # [B, 1, H]
+        trunk = self.trunk(self.dropout(x))
+        h = self.dropout(trunk)[:, None, :]  # [B, 1, H]
         if self.cfg.adapter_dim:
             z = F.relu(torch.bmm(h, self.adapter_down[surface]) + self.adapter_down_bias[surface][:, None, :])
             h = h + torch.bmm(z, self.adapter_up[surface])
         logits = torch.bmm(h, self.out_weight[surface]).squeeze(1) + self.out_bias[surface]
         return logits, trunk
+
+    @torch.no_grad()
+    def init_output_bias(self, base_rates: torch.Tensor) -> None:
+        """Start every (surface, task) logit at the logit of its base rate ``base_rates`` [S, T] (NaN =
+        unknown: left as it is). At p = 0.5 on 1 % click data the first steps only learn the base rate,
+        and a surface with few rows may never get there; a bias at the prior starts training where a
+        constant predictor ends."""
+        if base_rates.shape != self.out_bias.shape:
+            raise ValueError(f"init_output_bias: base rates have shape {tuple(base_rates.shape)}, "
+                             f"expected {tuple(self.out_bias.shape)} [surfaces, tasks]")
+        p = base_rates.to(self.out_bias).clamp(1e-6, 1 - 1e-6)
+        known = ~torch.isnan(base_rates.to(self.out_bias.device))
+        self.out_bias.copy_(torch.where(known, torch.logit(p), self.out_bias))
 
     def flops_per_example(self) -> int:
         H, a, T = self.out_dim, self.cfg.adapter_dim, self.num_tasks

@@ -14,6 +14,7 @@ from opengem.config import ConfigError, load_config
 from opengem.data.splits import spec_tokens
 from opengem.errors import DatasetError
 from opengem.model.registry import ModelConfig
+from opengem.train.early_stop import EarlyStopConfig
 
 DEVICES = ("auto", "cpu", "cuda")
 SPARSE_OPTIMIZERS = ("rowwise_adagrad", "adagrad", "sgd")  # the fused optimizers that run on CPU (DESIGN §9)
@@ -89,6 +90,15 @@ class TrainConfig:
     online_max_idle_s: float = 60.0  # stop after this long without a new partition (0 = stop at once)
     online_until: str = ""  # stop after training this partition (e.g. "day=013"); "" = no end partition
     online_first: str = ""  # first partition to consume ("" = the oldest)
+    # --- small-data knobs (issue 11): regularisation, output-bias prior, early stopping
+    # L2 on the embedding rows a batch looks up: adds embedding_l2 * mean over rows of the summed squared
+    # pooled embeddings to the loss (opengem.train.optim.EmbeddingL2). The fused CPU optimizers ignore
+    # their weight_decay argument (measured, torchrec 1.8 / fbgemm-gpu-cpu 1.8), hence a loss term.
+    embedding_l2: float = 0.0
+    # start each (surface, task) output bias at the logit of its base rate in data.train (one streamed
+    # pass over the surface and label columns before training); false = zeros (p = 0.5), as before
+    init_output_bias: bool = True
+    early_stop: EarlyStopConfig = field(default_factory=EarlyStopConfig)  # patience 0 = off
 
 
 @dataclass
@@ -139,6 +149,15 @@ class RunConfig:
         need(t.online_poll_s > 0, "train.online_poll_s", "must be > 0", t.online_poll_s)
         need(t.online_max_idle_s >= 0, "train.online_max_idle_s", "must be >= 0", t.online_max_idle_s)
         need(t.log_every > 0, "train.log_every", "must be > 0", t.log_every)
+        need(t.embedding_l2 >= 0, "train.embedding_l2", "must be >= 0", t.embedding_l2)
+        dropout = self.model.head.dropout
+        need(0 <= dropout < 1, "model.head.dropout", "must be in [0, 1)", dropout)
+        t.early_stop.validate()
+        if t.early_stop.enabled:
+            try:
+                spec_tokens(t.early_stop.partition)
+            except DatasetError as e:
+                raise ConfigError(f"train.early_stop.partition: {e}") from None
         need(0 <= t.min_lr_ratio <= 1, "train.min_lr_ratio", "must be in [0, 1]", t.min_lr_ratio)
         need(d.batch_size > 0, "data.batch_size", "must be > 0", d.batch_size)
         need(d.eval_batch_size >= 0, "data.eval_batch_size", "must be >= 0", d.eval_batch_size)

@@ -1,16 +1,22 @@
-"""``opengem evaluate``: NE, AUC and calibration of a trained run per surface x task -> RUN/eval.json.
+"""``opengem evaluate``: NE, AUC and calibration of a trained run per surface x task -> RUN/eval-<spec>.json.
 
-The run's resolved config.toml rebuilds the model exactly; its checkpoint supplies the weights. When the
-dataset was simulated (it has truth/ files) the oracle NE on the same partitions is reported beside the
-model's, as the floor no model can beat.
+The run's resolved config.toml rebuilds the model exactly; its checkpoint supplies the weights: the one
+early stopping kept (RUN/checkpoints/best) when there is one, else the newest. Each partition selection
+gets its own file (``eval-valid.json``, ``eval-test.json``), so evaluating one does not overwrite
+another; the run's default selection (``data.eval``) is also written to RUN/eval.json, the file the
+report and older readers look for. When the dataset was simulated (it has truth/ files) the oracle NE on
+the same partitions is reported beside the model's, as the floor no model can beat.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import re
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +24,7 @@ import torch
 from torch import nn
 
 from opengem.data.batch import Batch
+from opengem.data.commit import atomic_write_text
 from opengem.data.dataset import Dataset
 from opengem.data.oracle import oracle_ne
 from opengem.data.schema import FeatureSchema
@@ -26,7 +33,7 @@ from opengem.metrics import NE_BASE_RATE, MetricAccumulator
 from opengem.model.heads import masked_bce
 from opengem.train import checkpoint as ckpt
 from opengem.train.compile import prepare_compile
-from opengem.train.config import load_run_config
+from opengem.train.config import RunConfig, load_run_config
 from opengem.train.data import make_loader
 from opengem.train.distributed import gather_objects, lockstep, process_group, world_size
 from opengem.train.env import cpu_threads, resolve_device
@@ -90,9 +97,47 @@ class Validator:
         return bool(self.every) and step % self.every == 0
 
 
-def evaluate_run(run_dir: str | Path, data_dir: str | Path | None = None, partitions: str | None = None,
-                 device: str | None = None, write: bool = True) -> dict[str, Any]:
-    """Rebuild a run's model from RUN/config.toml, load its checkpoint, evaluate and write RUN/eval.json."""
+BEST = "best"  # RUN/checkpoints/best: written by the Trainer's early stopping
+
+
+def run_checkpoint(run_dir: Path) -> tuple[Path, bool]:
+    """(checkpoint to use, whether it is early stopping's best): best when it is this run's own and
+    complete, else the newest checkpoint of the run."""
+    run_id = checkpoint_run_id(run_dir)
+    best = run_dir / ckpt.CHECKPOINTS / BEST
+    try:
+        if best.is_dir() and (run_id is None or ckpt.read_meta(best).get("run_id") == run_id):
+            return best, True
+    except ckpt.CheckpointError:
+        pass  # an incomplete best (the run died while writing it): fall back to the newest
+    return ckpt.latest_checkpoint(run_dir, run_id=run_id), False  # only the run's own
+
+
+def eval_file_name(spec: str) -> str:
+    """``eval-<spec>.json`` with the spec made a safe file name: ``@valid`` -> ``eval-valid.json``."""
+    safe = re.sub(r"[^A-Za-z0-9._=-]+", "_", spec).strip("_.") or "all"
+    return f"eval-{safe}.json"
+
+
+@dataclass
+class OpenRun:
+    """A trained run's model rebuilt and loaded, with what evaluation and prediction need beside it."""
+
+    cfg: RunConfig
+    ds: Dataset
+    data_path: Path
+    model: nn.Module
+    device: torch.device
+    checkpoint: Path
+    best: bool  # the checkpoint is early stopping's best
+    step: int
+
+
+@contextlib.contextmanager
+def open_run(run_dir: str | Path, data_dir: str | Path | None = None, device: str | None = None
+             ) -> Iterator[OpenRun]:
+    """Rebuild a run's model from RUN/config.toml and load its checkpoint (see :func:`run_checkpoint`),
+    inside a process group that lives as long as the ``with`` block."""
     run_dir = Path(run_dir)
     cfg_path = run_dir / "config.toml"
     if not cfg_path.exists():
@@ -101,21 +146,34 @@ def evaluate_run(run_dir: str | Path, data_dir: str | Path | None = None, partit
     prepare_compile(cfg)  # a compiled run evaluates with the same persistent compile cache
     data_path = Path(data_dir or cfg.data.path)
     ds = Dataset(data_path)
-    spec = partitions or cfg.data.eval
-    chosen = ds.select(spec)
     dev = resolve_device(device or cfg.train.device)
-    path = ckpt.latest_checkpoint(run_dir, run_id=checkpoint_run_id(run_dir))  # only the run's own
+    path, best = run_checkpoint(run_dir)
     with process_group(dev) as pg, cpu_threads(cfg.train.threads):
         model = build_run_model(ds.schema, cfg, dev, pg).model
         step = ckpt.load_model(model, path)
+        yield OpenRun(cfg, ds, data_path, model, dev, path, best, step)
+
+
+def evaluate_run(run_dir: str | Path, data_dir: str | Path | None = None, partitions: str | None = None,
+                 device: str | None = None, write: bool = True) -> dict[str, Any]:
+    """Rebuild a run's model, load its checkpoint, evaluate and write RUN/eval-<spec>.json (and
+    RUN/eval.json for the run's default selection); the result names the file in ``written``."""
+    run_dir = Path(run_dir)
+    with open_run(run_dir, data_dir, device) as r:
+        cfg, ds, data_path = r.cfg, r.ds, r.data_path
+        spec = partitions or cfg.data.eval
+        chosen = ds.select(spec)
         try:
-            res = evaluate_model(model, make_loader(ds, spec, cfg.data, train=False), ds.schema, dev)
+            res = evaluate_model(r.model, make_loader(ds, spec, cfg.data, train=False), ds.schema, r.device)
         except EvalDataError as e:
             raise EvalDataError(f"{data_path}: partitions {', '.join(chosen)}: {e}") from None
+        path, step, best = r.checkpoint, r.step, r.best
     out: dict[str, Any] = {
         "model": cfg.model.name,
         "checkpoint": str(path),
+        "checkpoint_kind": "best (early stopping)" if best else "newest",
         "step": step,
+        "spec": spec,
         "data": str(data_path.resolve()),
         "partitions": chosen,
         "rows": res["rows"],
@@ -126,7 +184,12 @@ def evaluate_run(run_dir: str | Path, data_dir: str | Path | None = None, partit
     if ds.truth_files(spec):
         out["oracle"] = {k: (v if v == v else None) for k, v in oracle_ne(data_path, spec).items()}
     if write:
-        (run_dir / "eval.json").write_text(json.dumps(out, indent=2))
+        names = [eval_file_name(spec)]
+        if partitions is None or ds.select(cfg.data.eval) == chosen:
+            names.append("eval.json")  # the default selection: where the report and older readers look
+        for name in names:
+            atomic_write_text(run_dir / name, json.dumps(out, indent=2))
+        out["written"] = [str(run_dir / n) for n in names]
     return out
 
 
@@ -168,5 +231,6 @@ def run(args: argparse.Namespace) -> int:
     warnings.filterwarnings("ignore", category=FutureWarning)  # TorchRec/DCP deprecation notices
     out = evaluate_run(args.run, args.data, args.partitions, args.device)
     print(format_metrics({out["model"]: out}, out.get("oracle")))
-    print(f"wrote {Path(args.run) / 'eval.json'}  ({out['ne_base_rate']})")
+    print(f"checkpoint: {out['checkpoint']} (step {out['step']}, {out['checkpoint_kind']})")
+    print(f"wrote {', '.join(out['written'])}  ({out['ne_base_rate']})")
     return 0

@@ -5,6 +5,10 @@ inside the backward pass to the rows a batch touched, so huge tables never mater
 It must be attached with ``apply_optimizer_in_backward`` *before* DistributedModelParallel wraps the
 model; DMP then builds the fused kernels and exposes them as ``model.fused_optimizer``.
 Everything else (dense) gets AdamW with linear warm-up and optional cosine decay, and gradient clipping.
+
+Regularising the tables: the fused CPU kernels accept but ignore ``weight_decay`` (rows come out the same
+with and without it, torchrec 1.8 / fbgemm-gpu-cpu 1.8), so :class:`EmbeddingL2` adds an L2 term on the
+embeddings a batch looked up to the loss instead; its gradient reaches exactly the touched rows.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from torchrec.optim import SGD as RecSGD
 from torchrec.optim import Adagrad, RowWiseAdagrad, apply_optimizer_in_backward
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
+from opengem.model.embedding import EmbeddedFeatures, FeatureEmbedding
 from opengem.train.config import TrainConfig
 
 SPARSE_CLASSES: dict[str, type[torch.optim.Optimizer]] = {
@@ -128,3 +133,42 @@ def clip_dense_gradients(params: list[nn.Parameter], max_norm: float) -> float:
     if max_norm > 0:
         return float(torch.nn.utils.clip_grad_norm_(grads, max_norm))
     return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in grads])))
+
+
+class EmbeddingL2:
+    """L2 on the embedding rows a batch touches, as a loss term: ``weight`` times the batch mean of the
+    summed squared pooled embeddings of every sparse feature (a row looked up by k examples is pulled
+    towards 0 k times; rows no example touched are left alone, as a fused optimizer's lazy decay would).
+
+    A forward hook on each :class:`FeatureEmbedding` collects the term while the model trains with
+    gradients on; :meth:`take` hands it to the step (None when the forward looked nothing up). Sequence
+    lookups are not included: they are not pooled per feature.
+    """
+
+    def __init__(self, model: nn.Module, weight: float) -> None:
+        self.weight = weight
+        self._terms: list[torch.Tensor] = []
+        self._handles = [m.register_forward_hook(self._hook) for m in model.modules()
+                         if isinstance(m, FeatureEmbedding)]
+
+    @property
+    def attached(self) -> int:
+        """How many embedding modules are hooked (0: the model has none; the term is never added)."""
+        return len(self._handles)
+
+    def _hook(self, module: nn.Module, args: Any, out: EmbeddedFeatures) -> None:
+        if not (module.training and torch.is_grad_enabled()) or not out.pooled:
+            return
+        sq = sum(v.float().pow(2).sum() for v in out.pooled.values())
+        batch = next(iter(out.pooled.values())).shape[0]
+        self._terms.append(self.weight * sq / max(batch, 1))
+
+    def take(self) -> torch.Tensor | None:
+        """The term of the forward passes since the last call (summed), and forget them."""
+        terms, self._terms = self._terms, []
+        return torch.stack(terms).sum() if terms else None
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []

@@ -10,7 +10,12 @@ components decide their own timing (``checkpointer.should_save(step)``, ``valida
 ``state_dict()`` / ``load_state_dict()`` carry the counters a resume needs.
 
 Outputs in RUN/ (when there is a run folder): run.json (the run id), config.toml (resolved), metrics.jsonl
-(one JSON record per log/eval), tb/ (TensorBoard), checkpoints/ (DCP), train_summary.json. The folder is
+(one JSON record per log/eval/early-stopping decision), tb/ (TensorBoard), checkpoints/ (DCP; with
+``train.early_stop`` also checkpoints/best, the weights of the best evaluation, which the final evaluation,
+``opengem evaluate`` and ``opengem predict`` use), train_summary.json (with peak memory and, with early
+stopping, which step won). Before training the output bias of each (surface, task) starts at the logit of
+its base rate in ``data.train`` (``train.init_output_bias``); ``train.embedding_l2`` adds an L2 term on the
+embeddings each batch looks up (train/optim.py). The folder is
 locked and owned by one run for its life (train/run_dir.py). SIGINT/SIGTERM during ``fit`` finish the step,
 save a periodic checkpoint and end the run with :class:`RunInterrupted` (exit 130/143), so ``--resume``
 continues exactly. Without a run folder (vertical models trained in memory by the transfer experiment)
@@ -33,26 +38,33 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import torch
 from torch import nn
 from tqdm import tqdm
 
-from opengem.config import save_config
+from opengem.config import ConfigError, save_config
 from opengem.data.batch import Batch
 from opengem.data.dataset import Dataset
 from opengem.data.schema import FeatureSchema
 from opengem.data.splits import check_disjoint
 from opengem.errors import OpengemError, TrainError
+from opengem.model.heads import MultiSurfaceHead
 from opengem.model.output import ModelOutput
+from opengem.model.registry import build_model
 from opengem.train import checkpoint as ckpt
 from opengem.train import distributed
 from opengem.train import run_dir as rundir
 from opengem.train.compile import compile_counters, prepare_compile
 from opengem.train.config import RunConfig
 from opengem.train.data import data_location, make_loader, prepare_data
+from opengem.train.early_stop import EarlyStopper
+from opengem.train.early_stop import score as early_stop_score
 from opengem.train.env import cpu_threads, resolve_device
-from opengem.train.evaluate import EvalDataError, Validator, evaluate_model
-from opengem.train.optim import build_optimizers
+from opengem.train.evaluate import BEST, EvalDataError, Validator, evaluate_model
+from opengem.train.optim import EmbeddingL2, build_optimizers
 from opengem.train.parallelize import build_run_model
 from opengem.train.run_log import RunLog, short_metrics
 from opengem.train.signals import StopSignals
@@ -101,6 +113,7 @@ class Trainer:
         self.device = resolve_device(cfg.train.device)
         self.compile_info = prepare_compile(cfg)  # before the resume check and the model: may pad sequences
         self.extra_losses = extra_losses
+        self.warnings: list[str] = []  # printed and recorded (metrics.jsonl, train_summary.json)
         self._stack = contextlib.ExitStack()
         try:
             self._build(data_dir, resume, force, allow_config_change, schema, plain, lr_scale)
@@ -141,12 +154,20 @@ class Trainer:
                 # metrics on rows the model trained on would flatter it
                 check_disjoint(self.ds.select(cfg.data.train), self.ds.select(cfg.data.eval), data_path,
                                cfg.data.train, cfg.data.eval)
+            if t.early_stop.enabled:
+                self._check_early_stop_partition()
         if self.is_main and self.run_dir is not None:
             save_config(cfg, self.run_dir / "config.toml")
+        self.base_rates: list[list[float | None]] | None = None
+        if t.init_output_bias and plain is None:  # a caller's own plain model keeps the init it was given
+            with timer.phase("output_bias_init"):
+                plain = self._model_with_prior_bias()
         self.parallel = build_run_model(self.schema, cfg, self.device, self.pg, timer, plain=plain,
                                         lr_scale=lr_scale)
         self.model = self.parallel.model
         self.optimizers = build_optimizers(self.model, t, lr_scale)
+        self.emb_l2 = EmbeddingL2(self.model, t.embedding_l2) if t.embedding_l2 > 0 else None
+        self.stopper = EarlyStopper(t.early_stop) if t.early_stop.enabled else None
         self.weights = task_weights(self.schema, self.device)
         self.checkpointer = (ckpt.Checkpointer(self.run_dir, t.checkpoint_every, t.keep_checkpoints,
                                                self.run["run_id"]) if self.run_dir is not None else None)
@@ -159,7 +180,6 @@ class Trainer:
         self._window: list[Any] = [0.0, 0, 0]  # the log window: loss sum, steps, examples
         self.loader_state: dict[str, Any] | None = None
         self.resumed: dict[str, Any] | None = None
-        self.warnings: list[str] = []
         if resume and self.checkpointer is not None:
             with timer.phase("checkpoint_load"):
                 self._resume()
@@ -179,7 +199,35 @@ class Trainer:
                         "parallel": {k: v for k, v in self.parallel.info.items() if k != "plan"},
                         "resumed": self.resumed, "log_records_rolled_back": rolled_back,
                         "moved_aside": self.run["moved_aside"], "allow_config_change": allow_config_change,
-                        "config_changes": self.run["config_changes"]}, self.step)
+                        "config_changes": self.run["config_changes"],
+                        "output_bias_base_rates": self.base_rates}, self.step)
+
+    def _check_early_stop_partition(self) -> None:
+        """Choosing the step on rows the model trained on would flatter it: refuse overlapping selections."""
+        spec, train_spec = self.t.early_stop.partition, self.cfg.data.train
+        trained = self.ds.select(train_spec)
+        shared = [p for p in self.ds.select(spec) if p in trained]
+        if shared:
+            raise ConfigError(f"{self.data_path}: train.early_stop.partition ({spec!r}) and data.train "
+                              f"({train_spec!r}) both select {', '.join(shared)}; choose disjoint partitions "
+                              "(e.g. \"@valid\")")
+
+    def _model_with_prior_bias(self) -> nn.Module:
+        """The plain model exactly as build_run_model would build it, its output biases at the logits of
+        the train partitions' base rates (recorded in ``self.base_rates``)."""
+        torch.manual_seed(self.t.seed)
+        plain = build_model(self.schema, self.cfg.model)
+        rates, unreadable = label_base_rates(self.ds, self.cfg.data.train)
+        if unreadable:
+            msg = (f"output biases start from the base rates of the readable files only; skipped "
+                   f"{len(unreadable)}: {unreadable[0]}" + (" ..." if len(unreadable) > 1 else ""))
+            self.warnings.append(msg)
+            if self.is_main:
+                print(f"opengem train: warning: {msg}", file=sys.stderr)
+        for head in (m for m in plain.modules() if isinstance(m, MultiSurfaceHead)):
+            head.init_output_bias(rates)
+        self.base_rates = [[None if r != r else r for r in row] for row in rates.tolist()]
+        return plain
 
     def _resume(self) -> None:
         path = self.checkpointer.latest(self.run["checkpoint_run_id"])
@@ -196,13 +244,16 @@ class Trainer:
     def state_dict(self) -> dict[str, Any]:
         """The counters a checkpoint carries beside model, optimizers and loader position (JSON)."""
         return {"epoch": self.epoch, "examples": self.examples, "first_loss": self.first_loss,
-                "log_window": list(self._window)}
+                "log_window": list(self._window),
+                "early_stop": self.stopper.state_dict() if self.stopper is not None else None}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.epoch = int(state.get("epoch", 0))
         self.examples = int(state.get("examples", 0))
         self.first_loss = state.get("first_loss")
         self._window = list(state.get("log_window") or [0.0, 0, 0])
+        if self.stopper is not None and state.get("early_stop"):
+            self.stopper.load_state_dict(state["early_stop"])
 
     def save_checkpoint(self, *, final: bool = False, loader_state: dict[str, Any] | None = None) -> Path:
         """Collective. Periodic at the current step, or the run's final checkpoint."""
@@ -219,12 +270,18 @@ class Trainer:
         summed over ranks (the global-batch mean)."""
         t = self.t
         batch = batch.to(self.device)
+        if self.emb_l2 is not None:
+            self.emb_l2.take()  # nothing left over from a forward that did not end in a step
         out = forward(self.model, batch, t, self.device)
         loss = label_loss(out, batch, self.weights)
         parts: dict[str, float] = {}
-        if self.extra_losses is not None:
+        extras = dict(self.extra_losses(out, batch)) if self.extra_losses is not None else {}
+        l2 = self.emb_l2.take() if self.emb_l2 is not None else None
+        if l2 is not None:
+            extras["embedding_l2"] = l2
+        if extras or self.extra_losses is not None:
             parts["label"] = float(loss.detach())
-            for name, extra in self.extra_losses(out, batch).items():
+            for name, extra in extras.items():
                 parts[name] = float(extra.detach())
                 loss = loss + extra
         if self.world > 1:
@@ -335,6 +392,10 @@ class Trainer:
                     res = self._evaluate_or_warn(self.validator.max_batches)
                     if res is not None:
                         self.log.write({"kind": "eval", "step": self.step, **short_metrics(res)}, self.step)
+                    if self._early_stop_check(res, self.validator.max_batches):
+                        done = True
+                        end_position = loader.state_dict()
+                        break
                 if self.checkpointer.should_save(self.step):
                     self.save_checkpoint(loader_state=loader.state_dict())
                 if t.steps and self.step >= t.steps:
@@ -356,11 +417,17 @@ class Trainer:
             self.epoch += 1
             if not t.steps and self.epoch >= t.epochs:
                 done = True
+            if not done and not self.validator.every and self.stopper is not None:
+                # eval_every = 0: early stopping decides once per epoch
+                if self._early_stop_check(None, 0):
+                    done = True
+                    end_position = loader.state_dict()
         signals.restore()  # from here on (final checkpoint, evaluation) Ctrl-C stops at once
         if stop_code:
             self._stop(stop_code, stop_position)
         train_s = time.perf_counter() - t_start
         self.save_checkpoint(final=True, loader_state=end_position)
+        best = self._restore_best()  # the final evaluation measures the model early stopping kept
         final_eval = None
         if t.final_eval:
             final_eval = self._evaluate_or_warn()
@@ -385,10 +452,56 @@ class Trainer:
             "compile": {**self.compile_info, **compile_counters()} if self.compile_info else None,
             "memory": {"activation_checkpointing": t.activation_checkpointing, "precision": t.precision,
                        "fp8_saved_activations": t.fp8_saved_activations},
+            "peak_rss_mb": max(distributed.gather_objects(peak_rss_mb())),  # a number: the report's column
+            "peak_device_mem_mb": peak_device_mem_mb(self.device),
+            "early_stop": best,
+            "output_bias_base_rates": self.base_rates,
         }
         if self.is_main:
             (self.run_dir / "train_summary.json").write_text(json.dumps(summary, indent=2))
         return summary
+
+    # ----------------------------------------------------------------------- early stopping
+    def _early_stop_check(self, res: dict[str, Any] | None, max_batches: int) -> bool:
+        """After a periodic evaluation (``res`` on ``data.eval``, None = none usable): evaluate the early
+        stopping selection (reusing ``res`` when it is the same full selection), save RUN/checkpoints/best
+        on an improvement, log the decision; True = stop now."""
+        if self.stopper is None:
+            return False
+        es = self.t.early_stop
+        if res is None or es.partition != self.cfg.data.eval or max_batches:
+            try:
+                res = self.evaluate(es.partition)
+            except EvalDataError as e:
+                raise TrainError(f"{self.data_path}: train.early_stop.partition = {es.partition!r}: {e}"
+                                 ) from None
+        improved = self.stopper.update(self.step, res)
+        if improved and self.run_dir is not None:
+            ckpt.save(self.best_checkpoint_dir(), self.step, self.model, extra={"early_stop": True},
+                      run_id=self.run["run_id"])
+        self.log.write({"kind": "early_stop", "step": self.step, "improved": improved,
+                        "value": ckpt_float(res, es.metric, es.key), **self.stopper.summary()}, self.step)
+        return self.stopper.should_stop
+
+    def best_checkpoint_dir(self) -> Path:
+        return self.run_dir / ckpt.CHECKPOINTS / BEST
+
+    def _restore_best(self) -> dict[str, Any] | None:
+        """Load the best weights into the model (after the final checkpoint kept the last state for
+        --resume); returns the early-stopping record for the summary, None when it is off."""
+        if self.stopper is None:
+            return None
+        rec = self.stopper.summary()
+        path = self.best_checkpoint_dir() if self.run_dir is not None else None
+        if self.stopper.best_step is not None and path is not None and path.exists():
+            ckpt.load_model(self.model, path)
+            rec["checkpoint"] = str(path)
+            if self.is_main:
+                print(f"opengem train: early stopping kept step {self.stopper.best_step} "
+                      f"({rec['metric']} {rec['best_value']:.6g} on {rec['partition']}); "
+                      f"{'stopped early' if rec['stopped_early'] else 'ran to the end'}", file=sys.stderr)
+        self.log.write({"kind": "early_stop", "step": self.step, "final": True, **rec}, self.step)
+        return rec
 
     def _stop(self, code: int, position: dict[str, Any] | None) -> None:
         """After a stop signal: save a periodic checkpoint at this step (unless this step saved one) and
@@ -459,6 +572,52 @@ def train(cfg: RunConfig, run_dir: str | Path, data_dir: str | Path | None = Non
     with Trainer(cfg, run_dir, data_dir, resume=resume, force=force, allow_config_change=allow_config_change,
                  timer=timer) as trainer:
         return trainer.fit()
+
+
+def ckpt_float(res: dict[str, Any], metric: str, key: str) -> float | None:
+    """The early-stopping score of ``res`` as JSON can hold it (NaN -> None)."""
+    v = early_stop_score(res, metric, key)
+    return None if v != v else v
+
+
+def label_base_rates(ds: Dataset, spec: str) -> tuple[torch.Tensor, list[str]]:
+    """Observed rate of each task's label per surface over the partitions ``spec`` selects, [S, T] (NaN
+    where a surface has no observed label of a task), and the files that could not be read (skipped here:
+    the loader names their problem when training reaches them, online training quarantines them). Streams
+    only the surface and label columns."""
+    sch = ds.schema
+    S, T = len(sch.surfaces), len(sch.tasks)
+    sums, counts = np.zeros((S, T)), np.zeros((S, T))
+    cols = [sch.surface_column, *(t.label_column for t in sch.tasks)]
+    unreadable: list[str] = []
+    for path in ds.files(spec):
+        s_file, c_file = np.zeros((S, T)), np.zeros((S, T))
+        try:
+            for rb in pq.ParquetFile(path).iter_batches(columns=cols, batch_size=65536):
+                surface = rb.column(0).to_numpy(zero_copy_only=False).astype(np.int64)
+                if surface.size and (surface.min() < 0 or surface.max() >= S):
+                    raise TrainError(f"{path}: column {sch.surface_column!r} has values outside [0, {S})")
+                for j in range(T):
+                    y = rb.column(1 + j).to_numpy(zero_copy_only=False).astype(np.float64)
+                    seen = ~np.isnan(y)
+                    s_file[:, j] += np.bincount(surface[seen], weights=y[seen], minlength=S)
+                    c_file[:, j] += np.bincount(surface[seen], minlength=S)
+        except (pa.ArrowException, OSError, KeyError) as e:
+            first = str(e).splitlines()[0] if str(e) else type(e).__name__
+            unreadable.append(f"{path}: {first}")
+            continue
+        sums += s_file
+        counts += c_file
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rates = torch.from_numpy(np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)).float()
+    return rates, unreadable
+
+
+def peak_device_mem_mb(device: torch.device) -> float | None:
+    """Peak CUDA memory allocated by this process (None on CPU, where peak_rss_mb is the number)."""
+    if device.type != "cuda":
+        return None
+    return round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
 
 
 def peak_rss_mb() -> float:

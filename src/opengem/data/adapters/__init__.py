@@ -1,4 +1,6 @@
-"""Real-dataset adapters: ``opengem convert NAME --src PATH --out DIR [--force]``.
+"""Real-dataset adapters: ``opengem convert NAME --src PATH --out DIR [--force]``, and one's own data:
+``opengem convert table --src PATH_OR_GLOB --format csv|tsv|parquet|libsvm --label COL ...`` (see
+:mod:`opengem.data.adapters.table`; imported only when used).
 
 Each adapter module exposes ``convert(src, out, limit=None, ..., force=False) -> summary dict`` and
 writes a canonical dataset (schema.toml, ``<split>/part-00000.parquet``, summary.json, completion
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from opengem.data.adapters.common import bad_rows_line
+from opengem.data.adapters.table_args import TABLE, TABLE_DEFAULTS, TABLE_ONLY, table_arguments
 from opengem.data.commit import check_target
 from opengem.errors import UsageError
 
@@ -62,9 +65,11 @@ def convert(name: str, src: str | Path | None, out: str | Path, limit: int | Non
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("name", choices=sorted(ADAPTERS), help="dataset to convert")
-    parser.add_argument("--src", default=None,
-                        help="source folder (default: $OPENGEM_DATA/NAME or <repo>/../shared/data/NAME)")
+    parser.add_argument("name", choices=[*sorted(ADAPTERS), TABLE],
+                        help="dataset to convert, or 'table' for your own CSV/TSV/Parquet/libsvm file(s)")
+    parser.add_argument("--src", action="append", default=None,
+                        help="source folder (default: $OPENGEM_DATA/NAME or <repo>/../shared/data/NAME); "
+                             "table: a file or glob, or SPLIT=PATH once per split (repeatable)")
     parser.add_argument("--out", required=True, help="output dataset folder")
     parser.add_argument("--limit", type=int, default=None,
                         help="convert a subset of about N rows (per source file, or whole users for "
@@ -72,9 +77,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-len", type=int, default=None, help="history length (sequence datasets)")
     parser.add_argument("--force", action="store_true",
                         help="replace a dataset in --out (swapped in once the new one is complete)")
+    table_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.name == TABLE:
+        return importlib.import_module("opengem.data.adapters.table").run(args)
+    given = [k for k in TABLE_ONLY if getattr(args, k, None) not in (None, False, TABLE_DEFAULTS.get(k))]
+    if given:
+        raise UsageError(f"convert {args.name}: --{given[0].replace('_', '-')} applies only to "
+                         "`opengem convert table`")
+    if args.src is not None and len(args.src) > 1:
+        raise UsageError(f"convert {args.name}: give --src once (a source folder)")
+    args.src = args.src[0] if args.src else None
     if args.limit is not None and args.limit <= 0:
         raise UsageError(f"--limit must be > 0, got {args.limit}")
     if args.max_len is not None and args.max_len <= 0:

@@ -5,8 +5,13 @@ and test have no header but the same 24 columns). ``ts`` is the real timestamp o
 column (YYMMDDHH, UTC, Unix seconds; a single hour in this sample, so ``ts`` does not order rows).
 One surface ``all``; task ``click``.
 
-All 21 categorical columns are sparse, re-indexed on the training file; ``hour`` becomes
-``hour_of_day`` and ``weekday`` features; ``id`` (a uint64 string, unique per row) is not a feature.
+All 21 categorical columns are sparse, indexed on the training file (id 0: the trained
+out-of-vocabulary row of empty, rare and unseen values); ``hour`` becomes ``hour_of_day`` and
+``weekday`` features with fixed vocabularies; ``id`` (a uint64 string, unique per row) is not a feature.
+
+Converted through the generic importer's streaming path (``table``, with ``ts``, ``hour_of_day`` and
+``weekday`` derived from each batch), so the same code converts the full public release in bounded
+memory; train rows are shuffled within their split (seeded).
 """
 
 from __future__ import annotations
@@ -16,20 +21,12 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.csv as pcsv
 
-from opengem.data.adapters.common import (
-    AdapterError,
-    BadRows,
-    encode_on_train,
-    make_table,
-    read_csv,
-    require_files,
-    sparse_specs,
-    take_columns,
-    write_dataset,
-)
-from opengem.data.schema import FeatureSchema
+from opengem.data.adapters.common import AdapterError, require_files
+from opengem.data.adapters.infer import DEFAULT_MIN_COUNT, ImportSpec, SparseSpec
+from opengem.data.adapters.sources import Source
+from opengem.data.adapters.table import TableJob, convert_table
+from opengem.data.adapters.table_split import SplitRule
 
 FILES = (("train", "train.csv"), ("valid", "dev.csv"), ("test", "test.csv"))
 COLUMNS = [
@@ -38,23 +35,9 @@ COLUMNS = [
     "device_conn_type", "C14", "C15", "C16", "C17", "C18", "C19", "C20", "C21",
 ]
 CATS = [c for c in COLUMNS if c not in ("id", "click", "hour")]
+DERIVED = ("ts", "hour_of_day", "weekday")
 SPLIT_RULE = ("train = train.csv, valid = dev.csv, test = test.csv (source repo's random split); "
               "ts = Unix seconds of the hour column")
-
-
-def read_split(path: Path, header: bool, limit: int | None, bad: BadRows | None = None) -> pa.Table:
-    read = pcsv.ReadOptions(column_names=None if header else COLUMNS, autogenerate_column_names=False)
-    types = {c: pa.string() for c in COLUMNS}
-    types["click"] = pa.int64()
-    convert = pcsv.ConvertOptions(column_types=types, strings_can_be_null=True)
-    table = read_csv(path, bad or BadRows(), "not Avazu CSV", read, convert_options=convert)
-    if table.column_names != COLUMNS:
-        raise AdapterError(f"{path}: columns {table.column_names} are not the 24 Avazu columns")
-    if limit is not None:
-        table = table.slice(0, limit)
-    if table["click"].null_count or not np.isin(table["click"].to_numpy(), (0, 1)).all():
-        raise AdapterError(f"{path}: column 'click' must be 0/1 everywhere")
-    return table
 
 
 def hour_to_unix(hour: pa.ChunkedArray, where: str) -> np.ndarray:
@@ -73,34 +56,33 @@ def hour_to_unix(hour: pa.ChunkedArray, where: str) -> np.ndarray:
     return (days.astype("datetime64[s]").astype(np.int64) + 3600 * hh)[inv.ravel()]
 
 
+def derive(batch: pa.RecordBatch, path: Path) -> pa.RecordBatch:
+    """``ts`` from ``hour``, and the fixed-vocabulary ``hour_of_day`` (1..24) and ``weekday`` (1..7)."""
+    ts = hour_to_unix(batch.column("hour"), str(path))
+    cols = {"ts": ts, "hour_of_day": (ts // 3600) % 24 + 1,
+            "weekday": (ts // 86400 + 3) % 7 + 1}  # 1970-01-01 was a Thursday; Monday = 1
+    for name, values in cols.items():
+        batch = batch.append_column(name, pa.array(values.astype(np.int64)))
+    return batch
+
+
+def spec(min_count: int = DEFAULT_MIN_COUNT) -> ImportSpec:
+    # Fixed vocabularies: every hour / weekday is known a priori, so none is out of vocabulary.
+    return ImportSpec(name="avazu_head", labels=["click"], time="ts", min_count=min_count,
+                      ignore=["id", "hour"],
+                      sparse=[*(SparseSpec(c) for c in CATS), SparseSpec("hour_of_day", vocab=25),
+                              SparseSpec("weekday", vocab=8)])
+
+
 def convert(src: str | Path, out: str | Path, limit: int | None = None,
             force: bool = False) -> dict[str, Any]:
     src = Path(src)
     require_files(src, [f for _, f in FILES])
-    bad = BadRows()
-    parts = [read_split(src / f, i == 0, limit, bad) for i, (_, f) in enumerate(FILES)]
-    split = np.concatenate([np.full(p.num_rows, i) for i, p in enumerate(parts)])
-    table = pa.concat_tables(parts)
-    train = split == 0
-    n = table.num_rows
-    ts = hour_to_unix(table["hour"], str(src))
-    cols: dict[str, Any] = {
-        "example_id": np.arange(n, dtype=np.int64), "ts": ts,
-        "surface": np.zeros(n, np.int32), "click": table["click"].to_numpy().astype(np.float32),
-    }
-    vocabs: dict[str, int] = {}
-    for c in CATS:
-        cols[c], vocabs[c] = encode_on_train(table[c], train)
-    # Fixed vocabularies: every hour / weekday is known a priori, so none is out of vocabulary.
-    cols["hour_of_day"] = (ts // 3600) % 24 + 1
-    vocabs["hour_of_day"] = 25
-    cols["weekday"] = (ts // 86400 + 3) % 7 + 1  # 1970-01-01 was a Thursday; Monday = 1
-    vocabs["weekday"] = 8
-    schema = FeatureSchema.from_dict({
-        "name": "avazu_head", "surfaces": ["all"], "sparse": sparse_specs(vocabs),
-        "task": [{"name": "click"}],
-    }, source="avazu_head adapter")
-    tables = {name: make_table(schema, take_columns(cols, np.flatnonzero(split == i)), f"avazu/{name}")
-              for i, (name, _) in enumerate(FILES)}
-    return write_dataset(out, schema, tables, SPLIT_RULE, extra={"source": str(src), "limit": limit},
-                         force=force, bad=bad)
+    first = src / FILES[0][1]
+    sources = {split: Source([src / f], "csv", None, header_file=first, limit=limit) for split, f in FILES}
+    names = sources["train"].schema().names
+    if names != COLUMNS:
+        raise AdapterError(f"{first}: columns {names} are not the 24 Avazu columns")
+    job = TableJob(sources, spec(), SplitRule("files"), derive=derive, derived=DERIVED, rule_text=SPLIT_RULE,
+                   writer="opengem convert", extra={"source": str(src), "limit": limit})
+    return convert_table(job, out, force=force)

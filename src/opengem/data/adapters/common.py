@@ -14,6 +14,9 @@ its completion markers, so a failed or interrupted conversion leaves the previou
 from __future__ import annotations
 
 import json
+import re
+import sys
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,12 +41,24 @@ class AdapterError(OpengemError, ValueError):
 
 
 # --------------------------------------------------------------------------- reading sources
+SHOW_CHARS = 80  # how much of a source row an error message shows
+
+
 @dataclass
 class BadRows:
-    """Source rows skipped because they could not be parsed, per file: count, first line numbers, samples."""
+    """Source rows skipped because they could not be parsed, per file: count, first line numbers, samples.
+
+    A malformed row that is not UTF-8 (binary garbage, another encoding) cannot be skipped: pyarrow decodes
+    the row's text before it calls the handler, and when that fails it prints the UnicodeDecodeError as an
+    "Exception ignored" traceback and stops the read with a parse error that quotes the raw bytes. So every
+    handler is registered with :func:`_watch`, whose ``sys.unraisablehook`` keeps that error here
+    (``not_text``) instead of printing it, and :meth:`failure` turns the parse error that follows into a
+    line that shows the row (decoded with replacement characters, truncated, in repr() form).
+    """
 
     keep: int = 5
     files: dict[str, dict[str, Any]] = field(default_factory=dict)
+    not_text: dict[str, UnicodeDecodeError] = field(default_factory=dict, repr=False)
 
     def handler(self, path: str | Path) -> Callable[[Any], str]:
         """A pyarrow ``invalid_row_handler`` that records the row and skips it."""
@@ -53,9 +68,21 @@ class BadRows:
             if len(rec["lines"]) < self.keep:
                 rec["lines"].append(row.number)
                 rec["samples"].append(f"expected {row.expected_columns} fields, got {row.actual_columns}: "
-                                      f"{row.text[:80]!r}")
+                                      f"{show_row(row.text)}")
             return "skip"
+        _watch(on_invalid, self, str(path))
         return on_invalid
+
+    def failure(self, path: str | Path, error: Exception) -> str:
+        """Why reading ``path`` stopped with ``error`` (pyarrow's), for an AdapterError: the row that is not
+        UTF-8 when that was the cause, else pyarrow's message with control characters escaped."""
+        err = self.not_text.get(str(path))
+        if err is None:
+            return printable(str(error))
+        row = re.search(r"Row #(\d+)", str(error))
+        where = f"row {row.group(1)}" if row else "a row"
+        return (f"{where} is not UTF-8 text ({err.reason} at byte {err.start}): {show_row(err.object)}; is "
+                "the file binary, compressed or in another encoding? Save it as UTF-8 CSV")
 
     @property
     def total(self) -> int:
@@ -73,11 +100,40 @@ def bad_rows_line(report: dict[str, Any]) -> str:
     return "; ".join(one(f, r) for f, r in report["files"].items())
 
 
+_WATCHED: weakref.WeakKeyDictionary[Callable[[Any], str], tuple[BadRows, str]] = weakref.WeakKeyDictionary()
+
+
+def _watch(handler: Callable[[Any], str], bad: BadRows, path: str) -> None:
+    """Send the UnicodeDecodeError pyarrow reports for ``handler``'s row to ``bad`` instead of stderr.
+
+    The hook is installed once per process (again if someone replaced it since) and hands every other
+    unraisable error to the hook it found; a handler leaves ``_WATCHED`` when pyarrow drops it.
+    """
+    _WATCHED[handler] = (bad, path)
+    if getattr(sys.unraisablehook, "_opengem_invalid_rows", False):
+        return
+    previous = sys.unraisablehook
+
+    def hook(unraisable: Any) -> None:
+        try:
+            owner = _WATCHED.get(unraisable.object)
+        except TypeError:  # not weak-referenceable: not one of ours
+            owner = None
+        if owner is not None and isinstance(unraisable.exc_value, UnicodeDecodeError):
+            owner[0].not_text.setdefault(owner[1], unraisable.exc_value)
+        else:
+            previous(unraisable)
+
+    hook._opengem_invalid_rows = True  # type: ignore[attr-defined]
+    sys.unraisablehook = hook
+
+
 def read_csv(path: Path, bad: BadRows, what: str, read_options: pcsv.ReadOptions | None = None,
              parse_options: pcsv.ParseOptions | None = None,
              convert_options: pcsv.ConvertOptions | None = None) -> pa.Table:
     """``pyarrow.csv.read_csv`` that skips and counts malformed rows in ``bad`` (single-threaded, so
-    every skipped row has its line number) and turns any other parse error into an AdapterError."""
+    every skipped row has its line number) and turns any other parse error into an AdapterError (a row
+    that is not UTF-8 included: see :class:`BadRows`)."""
     read_options = read_options or pcsv.ReadOptions()
     read_options.use_threads = False
     parse_options = parse_options or pcsv.ParseOptions()
@@ -86,7 +142,21 @@ def read_csv(path: Path, bad: BadRows, what: str, read_options: pcsv.ReadOptions
         return pcsv.read_csv(path, read_options=read_options, parse_options=parse_options,
                              convert_options=convert_options or pcsv.ConvertOptions())
     except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
-        raise AdapterError(f"{path}: {what}: {e}") from None
+        raise AdapterError(f"{path}: {what}: {bad.failure(path, e)}") from None
+
+
+def show_row(raw: bytes | str) -> str:
+    """A source row for a message: decoded with replacement characters, truncated, in repr() form."""
+    text = raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else raw
+    return repr(text[:SHOW_CHARS]) + ("..." if len(text) > SHOW_CHARS else "")
+
+
+def printable(message: str, limit: int = 400) -> str:
+    """``message`` with control characters escaped and cut to ``limit`` characters (pyarrow quotes a bad
+    row's raw text in its errors)."""
+    out = "".join(c if c.isprintable() or c == "\n" else c.encode("unicode_escape").decode("ascii")
+                  for c in message[:limit])
+    return out + ("..." if len(message) > limit else "")
 
 
 def read_parquet(path: Path, columns: list[str] | None = None) -> pa.Table:

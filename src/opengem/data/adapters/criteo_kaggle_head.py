@@ -6,7 +6,12 @@ One surface ``all``; task ``click``.
 
 I1..I13 become dense ``log1p(max(x, 0))`` (I2 has small negatives) with missing -> 0 plus a 0/1
 ``I<k>_missing`` dense indicator, so "missing" and "zero" stay distinguishable. C1..C26 are sparse,
-re-indexed on the training file (0 = empty or unseen).
+indexed on the training file: id 0 is the out-of-vocabulary row shared by empty values, values seen
+fewer than ``min_count`` times in train and unseen values, so it is trained (see ``vocab``).
+
+Converted through the generic importer's streaming path (``table``): bounded memory, so the same
+code converts the full public release (``--src`` a folder holding train.tsv, dev.tsv, test.tsv);
+train rows are shuffled within their split (seeded).
 """
 
 from __future__ import annotations
@@ -14,23 +19,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.csv as pcsv
-
-from opengem.data.adapters.common import (
-    AdapterError,
-    BadRows,
-    encode_on_train,
-    log1p_dense,
-    make_table,
-    read_csv,
-    require_files,
-    sparse_specs,
-    take_columns,
-    write_dataset,
-)
-from opengem.data.schema import FeatureSchema
+from opengem.data.adapters.common import require_files
+from opengem.data.adapters.infer import DEFAULT_MIN_COUNT, DenseSpec, ImportSpec, SparseSpec
+from opengem.data.adapters.sources import Source
+from opengem.data.adapters.table import TableJob, convert_table
+from opengem.data.adapters.table_split import SplitRule
 
 FILES = (("train", "train.tsv"), ("valid", "dev.tsv"), ("test", "test.tsv"))
 INTS = [f"I{i}" for i in range(1, 14)]
@@ -39,50 +32,18 @@ SPLIT_RULE = ("train = train.tsv, valid = dev.tsv, test = test.tsv (source repo'
               "ts = row number")
 
 
-def read_split(path: Path, limit: int | None, bad: BadRows | None = None) -> pa.Table:
-    names = ["label", *INTS, *CATS]
-    types = {"label": pa.int64(), **{c: pa.float64() for c in INTS}, **{c: pa.string() for c in CATS}}
-    table = read_csv(
-        path, bad or BadRows(), "not Criteo TSV (label, I1..I13, C1..C26)",
-        read_options=pcsv.ReadOptions(column_names=names),
-        parse_options=pcsv.ParseOptions(delimiter="\t"),
-        convert_options=pcsv.ConvertOptions(column_types=types, strings_can_be_null=True),
-    )
-    if limit is not None:
-        table = table.slice(0, limit)
-    labels = table["label"].to_numpy(zero_copy_only=False)
-    if table["label"].null_count or not np.isin(labels, (0, 1)).all():
-        raise AdapterError(f"{path}: column 'label' must be 0/1 everywhere")
-    return table
+def spec(min_count: int = DEFAULT_MIN_COUNT) -> ImportSpec:
+    return ImportSpec(name="criteo_kaggle_head", labels=["click"], min_count=min_count,
+                      sparse=[SparseSpec(c) for c in CATS],
+                      dense=[DenseSpec(c, transform="log1p") for c in INTS])
 
 
 def convert(src: str | Path, out: str | Path, limit: int | None = None,
             force: bool = False) -> dict[str, Any]:
     src = Path(src)
     require_files(src, [f for _, f in FILES])
-    bad = BadRows()
-    parts = [read_split(src / f, limit, bad) for _, f in FILES]
-    split = np.concatenate([np.full(p.num_rows, i) for i, p in enumerate(parts)])
-    table = pa.concat_tables(parts)
-    train = split == 0
-    n = table.num_rows
-    cols: dict[str, Any] = {
-        "example_id": np.arange(n, dtype=np.int64), "ts": np.arange(n, dtype=np.int64),
-        "surface": np.zeros(n, np.int32), "click": table["label"].to_numpy().astype(np.float32),
-    }
-    vocabs: dict[str, int] = {}
-    for c in CATS:
-        cols[c], vocabs[c] = encode_on_train(table[c], train)
-    dense = []
-    for c in INTS:
-        cols[c], cols[f"{c}_missing"] = log1p_dense(table[c])
-        dense += [c, f"{c}_missing"]
-    schema = FeatureSchema.from_dict({
-        "name": "criteo_kaggle_head", "surfaces": ["all"],
-        "sparse": sparse_specs(vocabs), "dense": [{"name": d} for d in dense],
-        "task": [{"name": "click"}],
-    }, source="criteo_kaggle_head adapter")
-    tables = {name: make_table(schema, take_columns(cols, np.flatnonzero(split == i)), f"criteo/{name}")
-              for i, (name, _) in enumerate(FILES)}
-    return write_dataset(out, schema, tables, SPLIT_RULE, extra={"source": str(src), "limit": limit},
-                         force=force, bad=bad)
+    columns = ["click", *INTS, *CATS]
+    sources = {split: Source([src / f], "tsv", columns, limit=limit) for split, f in FILES}
+    job = TableJob(sources, spec(), SplitRule("files"), rule_text=SPLIT_RULE, writer="opengem convert",
+                   extra={"source": str(src), "limit": limit})
+    return convert_table(job, out, force=force)

@@ -1,0 +1,189 @@
+"""The import spec of ``opengem convert table``: which source column becomes what, and its inference.
+
+The spec is a small TOML file a user can read and edit (``--infer-schema`` writes one, ``--schema``
+reads it back), unlike the dataset's ``schema.toml``, whose vocabulary sizes only exist after the
+conversion. Inference looks at the source's column types only:
+
+- integer and string columns -> sparse features (vocabulary from the train split, min-count, OOV row 0;
+  hashed above ``hash_buckets`` values);
+- floating-point columns -> dense features, standardised with mean and std from the train split, a
+  missing value -> 0 (the mean) plus a ``<name>_missing`` 0/1 indicator (except a CSV column whose
+  sample writes every value as an integer: an id too large for int64, parsed by Arrow as a float);
+- list columns -> a sequence group of one id field (``<name>__id``), or, for libsvm's ``features``
+  bag, a multi-valued sparse feature;
+- the label, time, surface and example-id columns are roles, not features.
+
+``example_id`` and ``ts`` are generated (the source row number, counted over the files in order)
+when the spec names no such column; a source column literally called ``example_id`` is used as is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from opengem.data.schema import SchemaError, dumps_toml, read_toml
+
+TRANSFORMS = ("standardize", "log1p", "none")
+DEFAULT_MIN_COUNT = 2
+DEFAULT_HASH_BUCKETS = 100_000
+DEFAULT_MAX_LEN = 50
+BAG_COLUMNS = ("features",)  # list columns that are bags of ids (libsvm), not ordered histories
+
+HEADER = ("# opengem convert table: import spec. Edit it (kinds, dims, transforms, ignore) and re-run\n"
+          "# with --schema THIS_FILE. Roles: labels/time/surface/example_id name source columns;\n"
+          "# an empty time or example_id means 'generated from the row number'.\n")
+
+
+@dataclass
+class SparseSpec:
+    name: str
+    dim: int = 0  # 0: chosen from the vocabulary size
+    hash: bool = False  # hash even when the vocabulary is small
+    multi_valued: bool = False
+    vocab: int = 0  # > 0: the column already holds ids in [0, vocab), kept as they are (0 = missing)
+
+
+@dataclass
+class DenseSpec:
+    name: str
+    transform: str = "standardize"
+    missing_indicator: bool = True
+
+
+@dataclass
+class SequenceSpec:
+    name: str
+    max_len: int = DEFAULT_MAX_LEN
+    dim: int = 0
+
+
+@dataclass
+class ImportSpec:
+    name: str
+    labels: list[str]
+    time: str = ""
+    surface: str = ""
+    example_id: str = ""
+    min_count: int = DEFAULT_MIN_COUNT
+    hash_buckets: int = DEFAULT_HASH_BUCKETS
+    ignore: list[str] = field(default_factory=list)
+    sparse: list[SparseSpec] = field(default_factory=list)
+    dense: list[DenseSpec] = field(default_factory=list)
+    sequence: list[SequenceSpec] = field(default_factory=list)
+
+    def source_columns(self) -> list[tuple[str, str]]:
+        """Every source column the spec reads, with the role that needs it."""
+        out = [(c, "label") for c in self.labels]
+        out += [(c, role) for c, role in ((self.time, "time"), (self.surface, "surface"),
+                                          (self.example_id, "example_id")) if c]
+        out += [(s.name, "sparse") for s in self.sparse] + [(d.name, "dense") for d in self.dense]
+        out += [(q.name, "sequence") for q in self.sequence]
+        return out
+
+    def to_toml(self) -> str:
+        return HEADER + dumps_toml(asdict(self))
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_toml(), encoding="utf-8")
+
+
+def load_spec(path: str | Path) -> ImportSpec:
+    """Read and check an import spec; an unknown key or a bad value names the key."""
+    d = read_toml(path, SchemaError, "import spec")
+    return spec_from_dict(d, str(path))
+
+
+def _only(d: Any, allowed: set[str], where: str) -> dict[str, Any]:
+    if not isinstance(d, dict):
+        raise SchemaError(f"{where}: expected a table, got {type(d).__name__}")
+    unknown = sorted(set(d) - allowed)
+    if unknown:
+        raise SchemaError(f"{where}: unknown key {unknown[0]!r} (allowed: {', '.join(sorted(allowed))})")
+    return d
+
+
+def spec_from_dict(d: dict[str, Any], where: str) -> ImportSpec:
+    top = _only(d, {f for f in ImportSpec.__dataclass_fields__}, where)
+    for key in ("name", "labels"):
+        if key not in top:
+            raise SchemaError(f"{where}: missing required key {key!r}")
+    kinds = {"sparse": SparseSpec, "dense": DenseSpec, "sequence": SequenceSpec}
+    lists: dict[str, list[Any]] = {}
+    for key, cls in kinds.items():
+        items = []
+        for i, item in enumerate(top.get(key, [])):
+            w = f"{where}: {key}[{i}]"
+            item = _only(item, set(cls.__dataclass_fields__), w)
+            if "name" not in item:
+                raise SchemaError(f"{w}: missing required key 'name'")
+            try:
+                items.append(cls(**item))
+            except TypeError as e:
+                raise SchemaError(f"{w}: {e}") from None
+        lists[key] = items
+    spec = ImportSpec(**{**{k: v for k, v in top.items() if k not in kinds}, **lists})
+    check_spec(spec, where)
+    return spec
+
+
+def check_spec(spec: ImportSpec, where: str) -> None:
+    if not isinstance(spec.labels, list) or not spec.labels or not all(isinstance(c, str) and c
+                                                                       for c in spec.labels):
+        raise SchemaError(f"{where}: labels must be a non-empty list of column names")
+    if not isinstance(spec.min_count, int) or spec.min_count < 1:
+        raise SchemaError(f"{where}: min_count must be an integer >= 1, got {spec.min_count!r}")
+    if not isinstance(spec.hash_buckets, int) or spec.hash_buckets < 2:
+        raise SchemaError(f"{where}: hash_buckets must be an integer >= 2, got {spec.hash_buckets!r}")
+    for i, d in enumerate(spec.dense):
+        if d.transform not in TRANSFORMS:
+            raise SchemaError(f"{where}: dense[{i}].transform: {d.transform!r} is not one of "
+                              f"{', '.join(TRANSFORMS)}")
+    for i, q in enumerate(spec.sequence):
+        if not isinstance(q.max_len, int) or q.max_len < 1:
+            raise SchemaError(f"{where}: sequence[{i}].max_len must be an integer >= 1")
+    seen: dict[str, str] = {}
+    for col, role in spec.source_columns():
+        if col in seen and {seen[col], role} != {"surface", "sparse"}:
+            raise SchemaError(f"{where}: column {col!r} is used twice ({seen[col]} and {role})")
+        seen[col] = role
+
+
+def _integer_text(sample: pa.RecordBatch | None, name: str) -> bool:
+    """True when every non-empty sample value of a column is written as an integer (no '.', no 'e')."""
+    if sample is None or name not in sample.schema.names:
+        return False
+    col = sample.column(name).drop_null()
+    return len(col) > 0 and bool(pc.all(pc.match_substring_regex(col, r"^\s*-?\d+\s*$")).as_py())
+
+
+def infer_spec(source: pa.Schema, name: str, labels: list[str], time: str = "", surface: str = "",
+               min_count: int = DEFAULT_MIN_COUNT, hash_buckets: int = DEFAULT_HASH_BUCKETS,
+               sample: pa.RecordBatch | None = None) -> ImportSpec:
+    """An import spec from the source's column types (see the module docstring); ``sample`` (CSV text)
+    turns a 'float' column written as integers too large for int64 (a uint64 id) into a sparse one."""
+    example_id = "example_id" if "example_id" in source.names else ""
+    roles = {*labels, time, surface, example_id}
+    spec = ImportSpec(name=name, labels=list(labels), time=time, surface=surface, example_id=example_id,
+                      min_count=min_count, hash_buckets=hash_buckets)
+    for f in source:
+        if f.name in roles:
+            continue
+        t = f.type
+        if pa.types.is_list(t) or pa.types.is_large_list(t):
+            if f.name in BAG_COLUMNS:
+                spec.sparse.append(SparseSpec(f.name, multi_valued=True))
+            else:
+                spec.sequence.append(SequenceSpec(f.name))
+        elif (pa.types.is_floating(t) or pa.types.is_decimal(t)) and not _integer_text(sample, f.name):
+            spec.dense.append(DenseSpec(f.name))
+        elif (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_string(t)
+              or pa.types.is_large_string(t) or pa.types.is_boolean(t) or pa.types.is_dictionary(t)):
+            spec.sparse.append(SparseSpec(f.name))
+        else:
+            spec.ignore.append(f.name)  # timestamps, binary, structs: not a feature without a decision
+    return spec

@@ -1,0 +1,173 @@
+"""Fitting (pass 1) and applying (pass 2) the generic importer's per-column encoders.
+
+Pass 1 sees every row but learns only from the train rows: categorical counts -> vocabularies,
+dense mean/std; surfaces come from all rows (a surface is a routing label known up front, not a
+learned value). Labels must be 0/1 (empty = not observed); a bad one names file, column and row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from opengem.data.adapters.common import AdapterError
+from opengem.data.adapters.infer import ImportSpec
+from opengem.data.adapters.vocab import CategoryCounter, CategoryVocab, DenseStats
+from opengem.data.dataset import arrow_schema
+from opengem.data.schema import FeatureSchema
+
+N_SPLITS = 3
+MAX_SURFACES = 64
+
+
+def _floats(col: pa.Array) -> np.ndarray:
+    return pc.cast(col, pa.float64()).to_numpy(zero_copy_only=False).astype(np.float64)
+
+
+def tail_lists(arr: pa.ListArray, max_len: int) -> pa.ListArray:
+    """Keep the last ``max_len`` elements of every list (oldest first, so the most recent survive)."""
+    offsets = arr.offsets.to_numpy().astype(np.int64)
+    lens = np.diff(offsets)
+    if len(lens) == 0 or lens.max() <= max_len:
+        return arr
+    keep = np.minimum(lens, max_len)
+    new = np.zeros(len(lens) + 1, np.int64)
+    np.cumsum(keep, out=new[1:])
+    idx = np.repeat(offsets[1:] - keep - new[:-1], keep) + np.arange(new[-1])
+    values = arr.values.take(pa.array(idx - offsets[0]))
+    return pa.ListArray.from_arrays(pa.array(new.astype(np.int32)), values)
+
+
+@dataclass
+class Chunk:
+    """One source batch with each row's number, time, id and split (0 train, 1 valid, 2 test)."""
+
+    file: Path
+    batch: pa.RecordBatch
+    rows: np.ndarray
+    ts: np.ndarray
+    example_id: np.ndarray
+    split: np.ndarray
+
+
+@dataclass
+class Encoders:
+    spec: ImportSpec
+    vocabs: dict[str, CategoryVocab]
+    dense: dict[str, DenseStats]
+    surfaces: list[str]
+    split_rows: list[int]
+    surface_values: pa.Array = field(default_factory=lambda: pa.array([], pa.string()))
+
+    def dense_summary(self) -> dict[str, Any]:
+        return {k: {"mean": s.mean, "std": s.std, "train_missing": s.nulls} for k, s in self.dense.items()}
+
+    def encode(self, chunk: Chunk, schema: FeatureSchema) -> pa.Table:
+        b, n = chunk.batch, chunk.batch.num_rows
+        cols: dict[str, Any] = {"example_id": chunk.example_id, "ts": chunk.ts}
+        if self.spec.surface:
+            col = pc.cast(b.column(self.spec.surface), pa.string())
+            idx = pc.index_in(col, value_set=self.surface_values)
+            cols["surface"] = pc.fill_null(idx, 0).to_numpy(zero_copy_only=False).astype(np.int32)
+        else:
+            cols["surface"] = np.zeros(n, np.int32)
+        for s in self.spec.sparse:
+            try:
+                cols[s.name] = self.vocabs[s.name].encode(b.column(s.name))
+            except AdapterError as e:
+                raise AdapterError(f"{chunk.file}: {e}") from None
+        for d in self.spec.dense:
+            x = _floats(b.column(d.name))
+            missing = ~np.isfinite(x)
+            st = self.dense[d.name]
+            if d.transform == "standardize":
+                y = (x - st.mean) / st.std
+            elif d.transform == "log1p":
+                y = np.log1p(np.maximum(np.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0), 0.0))
+            else:
+                y = x
+            cols[d.name] = np.where(missing, 0.0, y).astype(np.float32)
+            if d.missing_indicator:
+                cols[f"{d.name}_missing"] = missing.astype(np.float32)
+        for q in self.spec.sequence:
+            ids = self.vocabs[q.name].encode(b.column(q.name))
+            cols[f"{q.name}__id"] = tail_lists(ids, q.max_len)
+        for c in self.spec.labels:
+            cols[c] = pc.cast(b.column(c), pa.float32())
+        return pa.table({f.name: cols[f.name] for f in _arrow_fields(schema)})
+
+
+def _arrow_fields(schema: FeatureSchema) -> list[pa.Field]:
+    return list(arrow_schema(schema))
+
+
+def _check_labels(chunk: Chunk, labels: list[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    out = {}
+    for c in labels:
+        y = _floats(chunk.batch.column(c))
+        seen = np.isfinite(y)
+        bad = seen & (y != 0) & (y != 1)
+        if bad.any():
+            j = int(np.flatnonzero(bad)[0])
+            raise AdapterError(f"{chunk.file}: column {c!r} (label): value {y[j]:g} at data row "
+                               f"{int(chunk.rows[j])} (from 0, over the files in order) is not 0 or 1 "
+                               "(empty = not observed)")
+        out[c] = (y, seen)
+    return out
+
+
+def fit_encoders(spec: ImportSpec, chunks: Iterable[Chunk]) -> tuple[Encoders, dict[str, Any]]:
+    """Pass 1 over ``chunks``: vocabularies and statistics from train rows, counts from all rows."""
+    fixed = {s.name: CategoryVocab(s.name, None, s.vocab, fixed=True) for s in spec.sparse if s.vocab}
+    counters = {s.name: CategoryCounter(s.name, spec.hash_buckets) for s in [*spec.sparse, *spec.sequence]
+                if s.name not in fixed}
+    dense = {d.name: DenseStats() for d in spec.dense}
+    surfaces: set[str] = set()
+    split_rows = [0] * N_SPLITS
+    label_sum = {c: [0.0] * N_SPLITS for c in spec.labels}
+    label_n = {c: [0] * N_SPLITS for c in spec.labels}
+    ts_min: list[int | None] = [None] * N_SPLITS
+    ts_max: list[int | None] = [None] * N_SPLITS
+    for chunk in chunks:
+        labels = _check_labels(chunk, spec.labels)
+        for code in range(N_SPLITS):
+            m = chunk.split == code
+            k = int(m.sum())
+            if not k:
+                continue
+            split_rows[code] += k
+            lo, hi = int(chunk.ts[m].min()), int(chunk.ts[m].max())
+            ts_min[code] = lo if ts_min[code] is None else min(ts_min[code], lo)
+            ts_max[code] = hi if ts_max[code] is None else max(ts_max[code], hi)
+            for c, (y, seen) in labels.items():
+                label_sum[c][code] += float(y[m & seen].sum())
+                label_n[c][code] += int((m & seen).sum())
+        if spec.surface:
+            col = chunk.batch.column(spec.surface)
+            if col.null_count:
+                j = int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
+                raise AdapterError(f"{chunk.file}: column {spec.surface!r} (surface): empty value at data "
+                                   f"row {int(chunk.rows[j])} (from 0, over the files in order)")
+            surfaces.update(pc.unique(pc.cast(col, pa.string())).to_pylist())
+            if len(surfaces) > MAX_SURFACES:
+                raise AdapterError(f"{chunk.file}: column {spec.surface!r} (surface) has more than "
+                                   f"{MAX_SURFACES} distinct values: a surface is a placement, not an id")
+        train = chunk.split == 0
+        if not train.any():
+            continue
+        tb = chunk.batch.filter(pa.array(train))
+        for name, counter in counters.items():
+            counter.update(tb.column(name))
+        for name, st in dense.items():
+            st.update(_floats(tb.column(name)))
+    force = {s.name for s in spec.sparse if s.hash}
+    vocabs = {name: c.finish(spec.min_count, name in force) for name, c in counters.items()} | fixed
+    names = sorted(surfaces) if spec.surface else ["all"]
+    enc = Encoders(spec, vocabs, dense, names, split_rows, pa.array(names, pa.string()))
+    return enc, {"label_sum": label_sum, "label_n": label_n, "ts_min": ts_min, "ts_max": ts_max}

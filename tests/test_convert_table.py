@@ -1,0 +1,341 @@
+"""``opengem convert table``: one's own CSV/TSV/Parquet/libsvm -> canonical Parquet.
+
+Pins: inference of kinds, generated example_id/ts, splits that never mix (time cuts, train-only
+shuffle), every missing column listed at once, the OOV row (rare and unseen ids share row 0, which a
+model then trains), hashing above the bucket count, the editable spec re-run, libsvm and list columns.
+Expected values are computed here from the generated source, never read from the importer's output.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from opengem.cli import main as cli_main
+from opengem.data.adapters.infer import load_spec
+from opengem.data.dataset import Dataset
+from opengem.model.heads import masked_bce
+from opengem.train.config import load_run_config
+from opengem.train.data import make_loader
+from opengem.train.distributed import process_group
+from opengem.train.parallelize import build_run_model
+
+TINY = Path(__file__).resolve().parents[1] / "configs" / "tiny.toml"
+SPLITS = ("train", "valid", "test")
+
+
+def make_csv(path: Path, n: int = 2000, seed: int = 0) -> list[dict[str, str]]:
+    """user: Zipf ids (many seen once); ad: 30 strings; price: floats with gaps; t: shuffled times."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    times = rng.permutation(n) * 7
+    for i in range(n):
+        rows.append({"user": str(int(rng.zipf(1.3)) % 5000), "ad": f"ad{rng.integers(0, 30)}",
+                     "price": "" if rng.random() < 0.1 else f"{rng.normal(5, 2):.4f}",
+                     "t": str(int(times[i])), "click": str(int(rng.random() < 0.2))})
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    return rows
+
+
+def convert(*args: str) -> int:
+    return cli_main(["convert", "table", *args])
+
+
+def read(out: Path, split: str) -> pa.Table:
+    return pq.read_table(out / split)
+
+
+@pytest.fixture(scope="module")
+def log_csv(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, str]]]:
+    d = tmp_path_factory.mktemp("src")
+    rows = make_csv(d / "log.csv")
+    return d / "log.csv", rows
+
+
+@pytest.fixture(scope="module")
+def time_ds(log_csv, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("out") / "ds"
+    assert convert("--src", str(log_csv[0]), "--format", "csv", "--label", "click", "--infer-schema",
+                   "--time", "t", "--out", str(out)) == 0
+    return out
+
+
+def test_inferred_spec_and_dataset(time_ds: Path, log_csv) -> None:
+    spec = load_spec(time_ds.with_name("ds.import.toml"))
+    assert [s.name for s in spec.sparse] == ["user", "ad"]  # integer and string columns
+    assert [d.name for d in spec.dense] == ["price"]  # the float column
+    assert spec.time == "t" and spec.labels == ["click"] and spec.example_id == ""
+    assert cli_main(["validate", "--data", str(time_ds)]) == 0
+    ds = Dataset(time_ds)
+    assert ds.schema.dense_names == ["price", "price_missing"]
+    tables = {s: read(time_ds, s) for s in SPLITS}
+    ids = np.concatenate([t["example_id"].to_numpy() for t in tables.values()])
+    assert sorted(ids) == list(range(len(log_csv[1])))  # generated: the source row number
+    summary = json.loads((time_ds / "summary.json").read_text())
+    assert summary["generated"] == ["example_id"]
+    # every row's label arrived with its row: compare against the source
+    src = log_csv[1]
+    for t in tables.values():
+        for eid, y in zip(t["example_id"].to_pylist()[:50], t["click"].to_pylist()[:50]):
+            assert y == float(src[eid]["click"])
+
+
+def test_time_split_never_mixes_and_train_is_shuffled(time_ds: Path, log_csv) -> None:
+    src = log_csv[1]
+    tables = {s: read(time_ds, s) for s in SPLITS}
+    ts = {s: t["ts"].to_numpy() for s, t in tables.items()}
+    assert ts["train"].max() < ts["valid"].min() <= ts["valid"].max() < ts["test"].min()
+    n = len(src)
+    assert [len(ts[s]) for s in SPLITS] == [int(0.8 * n), int(0.1 * n), int(0.1 * n)]  # distinct times
+    train_ids = tables["train"]["example_id"].to_numpy()
+    assert not (np.diff(train_ids) > 0).all(), "train rows kept source order: not shuffled"
+    valid_ids = tables["valid"]["example_id"].to_numpy()
+    assert (np.diff(valid_ids) > 0).all(), "valid rows must stay in source order"
+
+
+def test_random_split_shuffle_stays_within_splits(log_csv, tmp_path: Path) -> None:
+    base = ["--src", str(log_csv[0]), "--format", "csv", "--label", "click", "--infer-schema",
+            "--seed", "3", "--valid-frac", "0.2", "--test-frac", "0.1"]
+    assert convert(*base, "--out", str(tmp_path / "a")) == 0
+    assert convert(*base, "--no-shuffle", "--out", str(tmp_path / "b")) == 0
+    for s in SPLITS:
+        a, b = (read(tmp_path / x, s)["example_id"].to_numpy() for x in "ab")
+        assert sorted(a) == list(b), s  # same rows per split, shuffled or not
+    n = len(log_csv[1])
+    assert abs(len(read(tmp_path / "a", "valid")) - 0.2 * n) < 0.05 * n
+
+
+def test_oov_row_holds_rare_and_unseen_values(time_ds: Path, log_csv) -> None:
+    src = log_csv[1]
+    tables = {s: read(time_ds, s) for s in SPLITS}
+    train_ids = set(tables["train"]["example_id"].to_pylist())
+    counts = Counter(src[i]["user"] for i in train_ids)
+    kept = sorted({v for v, c in counts.items() if c >= 2}, key=int)  # integers sort numerically
+    summary = json.loads((time_ds / "summary.json").read_text())
+    assert summary["vocab"]["user"] == len(kept) + 1
+    for s, t in tables.items():
+        for eid, uid in zip(t["example_id"].to_pylist(), t["user"].to_pylist()):
+            value = src[eid]["user"]
+            assert (uid == 0) == (value not in counts or counts[value] < 2), (s, eid, value, uid)
+    # rare training values land on row 0, so training rows use it (and it is trained)
+    assert (tables["train"]["user"].to_numpy() == 0).sum() == sum(1 for c in counts.values() if c < 2)
+    assert summary["splits"]["test"]["oov_share"]["user"] > 0
+
+
+def test_oov_row_is_trained(time_ds: Path) -> None:
+    """A model trained on the converted rows moves row 0 of the user table (what OOV test rows read)."""
+    cfg = load_run_config(TINY, ["train.progress=false", f"data.path={time_ds}", "data.batch_size=64"])
+    ds = Dataset(time_ds)
+    test_oov = (read(time_ds, "test")["user"].to_numpy() == 0).sum()
+    assert test_oov > 0
+    with process_group(torch.device("cpu")) as pg:
+        model = build_run_model(ds.schema, cfg, torch.device("cpu"), pg).model
+
+        def user_table() -> torch.Tensor:
+            [w] = [v.local_shards()[0].tensor.clone() for k, v in model.state_dict().items()
+                   if hasattr(v, "local_shards") and ".user." in k]
+            return w
+
+        before = user_table()
+        for i, batch in enumerate(make_loader(ds, "@train", cfg.data, train=True)):
+            out = model(batch)
+            masked_bce(out.logits, batch.labels, batch.label_mask).backward()
+            if i == 5:
+                break
+        after = user_table()
+    assert not torch.equal(before[0], after[0]), "OOV row 0 still at its initial value after training"
+
+
+def test_missing_columns_listed_at_once(log_csv, tmp_path: Path, capsys) -> None:
+    spec = tmp_path / "s.toml"
+    spec.write_text('name = "x"\nlabels = ["click", "conv"]\n[[sparse]]\nname = "user"\n'
+                    '[[sparse]]\nname = "campaign"\n[[dense]]\nname = "price"\n')
+    rc = convert("--src", str(log_csv[0]), "--format", "csv", "--schema", str(spec), "--out",
+                 str(tmp_path / "o"))
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert "conv (label)" in err and "campaign (sparse)" in err  # both, in one message
+    assert "example_id and ts are generated" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_bad_label_names_row(tmp_path: Path, capsys) -> None:
+    (tmp_path / "l.csv").write_text("a,y\nx,0\ny,1\nz,2\n")
+    assert convert("--src", str(tmp_path / "l.csv"), "--format", "csv", "--label", "y", "--infer-schema",
+                   "--out", str(tmp_path / "o")) == 1
+    err = capsys.readouterr().err
+    assert "column 'y' (label): value 2 at data row 2 (from 0" in err
+
+
+def test_hashing_above_bucket_count_and_spec_rerun(log_csv, tmp_path: Path) -> None:
+    out = tmp_path / "h"
+    assert convert("--src", str(log_csv[0]), "--format", "csv", "--label", "click", "--infer-schema",
+                   "--hash-buckets", "16", "--min-count", "1", "--out", str(out)) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert "user" in summary["hashed"] and "ad" in summary["hashed"]  # > 16 distinct values each
+    ids = np.concatenate([read(out, s)["user"].to_numpy() for s in SPLITS])
+    assert ids.min() >= 1 and ids.max() < 16 and len(np.unique(ids)) > 8
+    # edit the written spec: price becomes log1p without indicator, ad is dropped; re-run with --schema
+    spec_path = out.with_name("h.import.toml")
+    text = spec_path.read_text().replace('transform = "standardize", missing_indicator = true',
+                                         'transform = "log1p", missing_indicator = false')
+    text = "".join(line for line in text.splitlines(keepends=True) if 'name = "ad"' not in line)
+    spec_path.write_text(text)
+    assert convert("--src", str(log_csv[0]), "--format", "csv", "--schema", str(spec_path),
+                   "--hash-buckets", "100000", "--out", str(out), "--force") == 0
+    ds = Dataset(out)
+    assert ds.schema.sparse_names == ["user", "t"]  # without --time, t is an integer feature
+    assert ds.schema.dense_names == ["price"]
+    price = read(out, "train")["price"].to_numpy()
+    assert price.min() >= 0  # log1p(max(x, 0))
+
+
+def test_libsvm_source(tmp_path: Path) -> None:
+    lines = ["1 3:1 7:1 9:0", "0 3:1 8:1", "0 2:1", "1 3:1 7:1", "0 7:1 8:1"] * 40
+    (tmp_path / "a.libsvm").write_text("\n".join(lines) + "\n")
+    out = tmp_path / "o"
+    assert convert("--src", str(tmp_path / "a.libsvm"), "--format", "libsvm", "--label", "label",
+                   "--infer-schema", "--out", str(out)) == 0
+    ds = Dataset(out)
+    [f] = ds.schema.sparse
+    assert f.name == "features" and f.multi_valued
+    t = pa.concat_tables(read(out, s) for s in SPLITS)
+    assert t.num_rows == 200
+    first = t.filter(pa.compute.equal(t["example_id"], 0))
+    assert len(first["features"][0].as_py()) == 2  # 9:0 is not a feature
+
+
+def test_parquet_list_column_becomes_sequence(tmp_path: Path) -> None:
+    rng = np.random.default_rng(1)
+    hist = [[int(x) for x in rng.integers(0, 20, rng.integers(0, 70))] for _ in range(300)]
+    pq.write_table(pa.table({"item": rng.integers(0, 20, 300), "hist": hist,
+                             "y": rng.integers(0, 2, 300).astype(np.float64)}), tmp_path / "s.parquet")
+    out = tmp_path / "o"
+    assert convert("--src", str(tmp_path / "s.parquet"), "--format", "parquet", "--label", "y",
+                   "--infer-schema", "--out", str(out)) == 0
+    ds = Dataset(out)
+    [g] = ds.schema.sequences
+    assert g.name == "hist" and g.max_len == 50
+    assert cli_main(["validate", "--data", str(out)]) == 0
+    t = pa.concat_tables(read(out, s) for s in SPLITS)
+    lens = [len(x) for x in t["hist__id"].to_pylist()]
+    src_lens = [min(len(hist[i]), 50) for i in t["example_id"].to_pylist()]
+    assert lens == src_lens  # truncated to the most recent 50
+
+
+def test_split_per_file_with_headerless_later_files(tmp_path: Path) -> None:
+    (tmp_path / "train.csv").write_text("a,y\n" + "".join(f"v{i % 7},{i % 2}\n" for i in range(100)))
+    (tmp_path / "test.csv").write_text("".join(f"v{i % 9},{i % 2}\n" for i in range(30)))
+    out = tmp_path / "o"
+    assert convert("--src", f"train={tmp_path / 'train.csv'}", "--src", f"test={tmp_path / 'test.csv'}",
+                   "--format", "csv", "--label", "y", "--infer-schema", "--valid-frac", "0.2",
+                   "--out", str(out)) == 0
+    rows = {s: read(out, s).num_rows for s in SPLITS}
+    assert rows["test"] == 30 and rows["train"] + rows["valid"] == 100 and rows["valid"] > 5
+
+
+def test_many_shuffle_buckets_keep_every_train_row(log_csv, tmp_path: Path, monkeypatch) -> None:
+    """Train rows go through several seeded shuffle buckets (bounded memory) and all come back once."""
+    monkeypatch.setattr("opengem.data.adapters.table.SHUFFLE_BUCKET_ROWS", 300)
+    base = ["--src", str(log_csv[0]), "--format", "csv", "--label", "click", "--infer-schema"]
+    assert convert(*base, "--out", str(tmp_path / "a")) == 0
+    assert convert(*base, "--no-shuffle", "--out", str(tmp_path / "b")) == 0
+    a, b = (read(tmp_path / x, "train")["example_id"].to_numpy() for x in "ab")
+    assert sorted(a) == list(b) and not (np.diff(a) > 0).all()
+    assert not any(p.name.startswith(".") for p in (tmp_path / "a").rglob("*"))  # buckets removed
+
+
+def test_given_time_cuts_and_fixed_vocab(tmp_path: Path, capsys) -> None:
+    (tmp_path / "s.csv").write_text("t,slot,y\n" + "".join(f"{i},{i % 5},{i % 2}\n" for i in range(100)))
+    spec = tmp_path / "s.toml"
+    spec.write_text('name = "x"\nlabels = ["y"]\ntime = "t"\n[[sparse]]\nname = "slot"\nvocab = 5\n')
+    out = tmp_path / "o"
+    args = ["--src", str(tmp_path / "s.csv"), "--format", "csv", "--schema", str(spec)]
+    assert convert(*args, "--split", "time", "--time-cuts", "60,90", "--out", str(out)) == 0
+    assert [read(out, s).num_rows for s in SPLITS] == [60, 30, 10]
+    assert Dataset(out).schema.sparse_feature("slot").vocab == 5
+    t = read(out, "valid")
+    assert t["slot"].to_pylist() == [int(x) % 5 for x in t["ts"].to_pylist()]  # ids kept as they are
+    spec.write_text(spec.read_text().replace("vocab = 5", "vocab = 4"))
+    assert convert(*args, "--out", str(tmp_path / "o2")) == 1
+    assert "id 4 outside the declared vocab [0, 4)" in capsys.readouterr().err
+
+
+def test_table_options_refused_for_named_datasets(tmp_path: Path, capsys) -> None:
+    assert cli_main(["convert", "criteo_kaggle_head", "--src", str(tmp_path), "--out", str(tmp_path / "o"),
+                     "--min-count", "3"]) == 2
+    assert "--min-count applies only to `opengem convert table`" in capsys.readouterr().err
+
+
+def _data(name: str) -> Path:
+    root = Path(os.environ.get("OPENGEM_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data")
+    if not (root / name).is_dir():
+        pytest.skip(f"real data not found at {root / name} (set $OPENGEM_DATA or provide ../shared/data)")
+    return root / name
+
+
+@pytest.mark.realdata
+def test_importer_matches_criteo_adapter(tmp_path: Path) -> None:
+    """The generic importer from the raw Criteo head files: the adapter's rows and label rates per split."""
+    src = _data("criteo_kaggle_head")
+    cols = ",".join(["label", *(f"I{i}" for i in range(1, 14)), *(f"C{i}" for i in range(1, 27))])
+    assert convert("--src", f"train={src / 'train.tsv'}", "--src", f"valid={src / 'dev.tsv'}", "--src",
+                   f"test={src / 'test.tsv'}", "--format", "tsv", "--columns", cols, "--label", "label",
+                   "--infer-schema", "--out", str(tmp_path / "t")) == 0
+    assert cli_main(["convert", "criteo_kaggle_head", "--src", str(src), "--out", str(tmp_path / "a")]) == 0
+    t, a = (json.loads((tmp_path / x / "summary.json").read_text())["splits"] for x in "ta")
+    assert {s: t[s]["rows"] for s in SPLITS} == {"train": 7200, "valid": 409, "test": 391}  # SOURCE.md
+    for s in SPLITS:
+        assert t[s]["rows"] == a[s]["rows"] and t[s]["label_rates"]["label"] == a[s]["label_rates"]["click"]
+
+
+def test_surface_column_and_two_labels_with_unobserved(tmp_path: Path) -> None:
+    def row(i: int) -> str:
+        conv = "" if i % 2 == 0 else str(int(i % 4 == 1))  # observed on clicks only
+        return f"{'feed' if i % 3 else 'search'},a{i % 4},{i % 2},{conv}"
+
+    lines = ["place,ad,click,conv"] + [row(i) for i in range(90)]
+    (tmp_path / "s.csv").write_text("\n".join(lines) + "\n")
+    out = tmp_path / "o"
+    assert convert("--src", str(tmp_path / "s.csv"), "--format", "csv", "--label", "click,conv",
+                   "--surface", "place", "--infer-schema", "--out", str(out)) == 0
+    ds = Dataset(out)
+    assert ds.schema.surfaces == ("feed", "search") and ds.schema.task_names == ["click", "conv"]
+    assert ds.schema.sparse_names == ["ad"]  # the surface column is a role, not a feature
+    t = pa.concat_tables(read(out, s) for s in SPLITS)
+    eid = t["example_id"].to_numpy()
+    assert (t["surface"].to_numpy() == (eid % 3 == 0)).all()  # search (index 1) on every third row
+    conv = t["conv"].to_numpy(zero_copy_only=False)
+    assert np.isnan(conv[eid % 2 == 0]).all() and not np.isnan(conv[eid % 2 == 1]).any()
+
+
+def test_infer_never_overwrites_an_existing_spec(log_csv, tmp_path: Path, capsys) -> None:
+    spec = tmp_path / "o.import.toml"
+    spec.write_text("# my edits\n")
+    assert convert("--src", str(log_csv[0]), "--format", "csv", "--label", "click", "--infer-schema",
+                   "--out", str(tmp_path / "o")) == 2
+    assert "already there" in capsys.readouterr().err and spec.read_text() == "# my edits\n"
+
+
+def test_uint64_ids_stay_categorical_and_warn(tmp_path: Path, capsys) -> None:
+    """Avazu-like ids above 2**63 parse as floats in Arrow; inference keeps them sparse and warns that
+    every row then uses the OOV row (unique per row), rather than standardising them as numbers."""
+    lines = ["id,price,y"] + [f"{10**19 + 7 * i},{i / 3:.3f},{i % 2}" for i in range(50)]
+    (tmp_path / "s.csv").write_text("\n".join(lines) + "\n")
+    assert convert("--src", str(tmp_path / "s.csv"), "--format", "csv", "--label", "y", "--infer-schema",
+                   "--out", str(tmp_path / "o")) == 0
+    spec = load_spec(tmp_path / "o.import.toml")
+    assert [s.name for s in spec.sparse] == ["id"] and [d.name for d in spec.dense] == ["price"]
+    assert "id: no value occurs 2+ times in train" in capsys.readouterr().err
