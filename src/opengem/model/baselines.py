@@ -15,6 +15,15 @@ baseline takes ``EmbeddedFeatures`` and replaces only the part between the token
   unnormalised as in DIN (or masked-softmaxed with ``softmax = true``); the pooled interests are concatenated
   with the flattened tokens and fed to an MLP.
 
+- LR: logistic regression, the floor every model must clear. The same FeatureEmbedding built on a copy of
+  the schema with every table's dim set to 1, so a table row is one weight per id (trained by the same fused
+  row-wise Adagrad, regularised by the same ``train.embedding_l2``); each sequence group is a bag of its
+  events (per-event weight, masked mean); dense features enter raw (or normalised with
+  ``embedding.dense_norm``). The head is the shared MultiSurfaceHead with no trunk and no adapter, so
+  logit[s, t] = b[s, t] + sum_k a[s, k, t] x_k over those inputs x_k: linear in the one-hot ids and dense
+  values, with a per-(surface, task) scale a of each field (starting at 1 for id fields, 0 for dense ones)
+  and the bias starting at the base rate like every model's.
+
 Sequence groups are mean-pooled for DLRM and DCNv2 (neither paper models sequences).
 """
 
@@ -26,9 +35,18 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from opengem.config import ConfigError
 from opengem.data.batch import Batch
 from opengem.data.schema import FeatureSchema
-from opengem.model.embedding import EmbeddedFeatures, EmbeddingConfig, FeatureEmbedding, masked_mean
+from opengem.model.embedding import (
+    EmbeddedFeatures,
+    EmbeddingConfig,
+    FeatureEmbedding,
+    check_at_least,
+    check_choice,
+    check_widths,
+    masked_mean,
+)
 from opengem.model.flops import linear_flops, mlp_flops
 from opengem.model.heads import HeadConfig, MultiSurfaceHead, mlp
 from opengem.model.output import ModelOutput
@@ -53,6 +71,12 @@ class DINConfig:
     attention_mlp: list[int] = field(default_factory=lambda: [64, 32])
     softmax: bool = False  # False = DIN's unnormalised weights; True = masked softmax over events
     mlp: list[int] = field(default_factory=lambda: [128, 64])
+
+
+@dataclass
+class LRConfig:
+    # each sequence group as a bag of its events' weights (mean over events); False = histories unused
+    use_sequences: bool = True
 
 
 class _Baseline(nn.Module):
@@ -95,6 +119,8 @@ class DLRM(_Baseline):
     def __init__(
         self, schema: FeatureSchema, emb: EmbeddingConfig, head: HeadConfig, cfg: DLRMConfig
     ) -> None:
+        check_widths("dlrm.bottom_mlp", cfg.bottom_mlp)
+        check_widths("dlrm.top_mlp", cfg.top_mlp)
         super().__init__(schema, dataclasses.replace(emb, dense_tokens=0), head)
         self.cfg = cfg
         d = self.d
@@ -103,8 +129,9 @@ class DLRM(_Baseline):
         self.bottom = mlp(self._bottom_dims) if n_dense else None
         self.num_vectors = (1 if n_dense else 0) + self.embedding.num_tokens + len(schema.sequences)
         if self.num_vectors < 2:
-            raise ValueError(
-                f"DLRM needs at least 2 vectors to interact, schema {schema.name!r} gives {self.num_vectors}"
+            raise ConfigError(
+                f"name: DLRM needs at least 2 vectors to interact, schema {schema.name!r} gives "
+                f"{self.num_vectors}: choose another model (gem, dcnv2, din)"
             )
         iu = torch.triu_indices(self.num_vectors, self.num_vectors, offset=1)
         self.register_buffer("_tri_i", iu[0], persistent=False)
@@ -156,11 +183,11 @@ class DCNv2(_Baseline):
     def __init__(
         self, schema: FeatureSchema, emb: EmbeddingConfig, head: HeadConfig, cfg: DCNv2Config
     ) -> None:
+        check_choice("dcnv2.structure", cfg.structure, ("parallel", "stacked"))
+        check_at_least("dcnv2.num_cross_layers", cfg.num_cross_layers, 0)
+        check_at_least("dcnv2.low_rank", cfg.low_rank, 0)
+        check_widths("dcnv2.deep_mlp", cfg.deep_mlp)
         super().__init__(schema, emb, head)
-        if cfg.structure not in ("parallel", "stacked"):
-            raise ValueError(f"dcnv2.structure must be 'parallel' or 'stacked', got {cfg.structure!r}")
-        if cfg.num_cross_layers < 0 or cfg.low_rank < 0:
-            raise ValueError(f"dcnv2.num_cross_layers and dcnv2.low_rank must be >= 0, got {cfg}")
         self.cfg = cfg
         D = self.in_dim = (self.embedding.num_tokens + len(schema.sequences)) * self.d
         self.cross = nn.ModuleList([CrossLayer(D, cfg.low_rank) for _ in range(cfg.num_cross_layers)])
@@ -214,6 +241,8 @@ class TargetAttention(nn.Module):
 
 class DIN(_Baseline):
     def __init__(self, schema: FeatureSchema, emb: EmbeddingConfig, head: HeadConfig, cfg: DINConfig) -> None:
+        check_widths("din.attention_mlp", cfg.attention_mlp)
+        check_widths("din.mlp", cfg.mlp)
         super().__init__(schema, emb, head)
         self.cfg = cfg
         self.attention = nn.ModuleDict(
@@ -233,3 +262,47 @@ class DIN(_Baseline):
             for g in self.schema.sequences
         )
         return att + mlp_flops(self._mlp_dims)
+
+
+# ------------------------------------------------------------------------------------------------- LR
+def weight_schema(schema: FeatureSchema, use_sequences: bool = True) -> FeatureSchema:
+    """``schema`` with every embedding table of dim 1 (a row is one weight); sequence groups dropped
+    unless ``use_sequences``. Vocabularies and table sharing are kept, so ids mean the same rows."""
+    one = [dataclasses.replace(f, dim=1) for f in schema.sparse]
+    groups = [
+        dataclasses.replace(g, fields=tuple(dataclasses.replace(f, dim=1) if f.kind == "id" else f
+                                            for f in g.fields))
+        for g in schema.sequences
+    ] if use_sequences else []
+    return dataclasses.replace(schema, sparse=tuple(one), sequences=tuple(groups))
+
+
+class LR(_Baseline):
+    """Logistic regression through the shared embedding and head (see the module docstring)."""
+
+    def __init__(self, schema: FeatureSchema, emb: EmbeddingConfig, head: HeadConfig, cfg: LRConfig) -> None:
+        lr_schema = weight_schema(schema, cfg.use_sequences)
+        # d = 1 and no grouping: each sparse feature's pooled weight is its own token, unprojected; no dense
+        # MLP (dense features go straight to the head); the surface token only when nothing else would be
+        # a token (a dense-only schema), where it is one more per-surface constant
+        lr_emb = dataclasses.replace(emb, d=1, dense_tokens=0, group_small=False,
+                                     surface_token=not schema.sparse)
+        linear_head = dataclasses.replace(head, hidden=[], adapter_dim=0)  # keeps head.dropout
+        super().__init__(lr_schema, lr_emb, linear_head)
+        self.schema = schema
+        self.cfg = cfg
+        self.num_weights = self.embedding.num_tokens + len(lr_schema.sequences)  # id-derived inputs
+        self.num_dense = len(schema.dense)
+        self._make_head(self.num_weights + self.num_dense, linear_head)
+        with torch.no_grad():  # start at plain LR: every id weight counts once, dense weights at 0
+            self.head.out_weight[:, : self.num_weights].fill_(1.0)
+            self.head.out_weight[:, self.num_weights :].zero_()
+
+    def interact(self, batch: Batch, emb: EmbeddedFeatures) -> torch.Tensor:
+        parts = [emb.tokens.flatten(1), *_seq_means(emb)]
+        if self.num_dense:
+            parts.append(emb.dense if emb.dense is not None else batch.dense)
+        return torch.cat(parts, dim=1).to(emb.tokens.dtype)
+
+    def interact_flops(self, seq_len: int | None) -> int:
+        return 0
