@@ -197,8 +197,9 @@ def format_metrics(results: dict[str, dict[str, Any]], oracle: dict[str, Any] | 
     """One table, runs side by side: NE and AUC per surface/task, oracle NE when known."""
     keys = sorted({k for r in results.values() for k in r["metrics"]},
                   key=lambda k: (k.startswith("all/"), k))
-    head = f"{'surface/task':<24}{'rows':>9}" + "".join(f"{name + ' NE':>12}{name + ' AUC':>12}"
-                                                          for name in results)
+    width = {name: max(12, len(name) + 6) for name in results}  # long run names stay apart
+    head = f"{'surface/task':<24}{'rows':>9}" + "".join(
+        f"{name + ' NE':>{width[name]}}{name + ' AUC':>{width[name]}}" for name in results)
     if oracle:
         head += f"{'oracle NE':>11}"
     lines = [head, "-" * len(head)]
@@ -209,9 +210,9 @@ def format_metrics(results: dict[str, dict[str, Any]], oracle: dict[str, Any] | 
     for k in keys:
         first = next(r["metrics"][k] for r in results.values() if k in r["metrics"])
         line = f"{k:<24}{first['rows']:>9d}"
-        for r in results.values():
+        for name, r in results.items():
             m = r["metrics"].get(k, {})
-            line += f"{fmt(m.get('ne')):>12}{fmt(m.get('auc')):>12}"
+            line += f"{fmt(m.get('ne')):>{width[name]}}{fmt(m.get('auc')):>{width[name]}}"
         if oracle:
             line += f"{fmt(oracle.get(k)):>11}"
         lines.append(line)
@@ -219,9 +220,10 @@ def format_metrics(results: dict[str, dict[str, Any]], oracle: dict[str, Any] | 
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--run", "--run-dir", dest="run", required=True,
-                   help="training run folder (has config.toml and checkpoints/); under torchrun, whose own "
-                        "--run-path swallows --run, write --run-dir")
+    p.add_argument("--run", "--run-dir", dest="run", required=True, action="append",
+                   help="training run folder (has config.toml and checkpoints/); repeat it to compare runs "
+                        "side by side on the same partitions; under torchrun, whose own --run-path "
+                        "swallows --run, write --run-dir")
     p.add_argument("--data", default=None, help="dataset folder (default: the one the run trained on)")
     p.add_argument("--partitions", default=None, help="partition spec (default: the run's data.eval)")
     p.add_argument("--device", default=None, choices=["auto", "cpu", "cuda"])
@@ -229,8 +231,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     warnings.filterwarnings("ignore", category=FutureWarning)  # TorchRec/DCP deprecation notices
-    out = evaluate_run(args.run, args.data, args.partitions, args.device)
-    print(format_metrics({out["model"]: out}, out.get("oracle")))
-    print(f"checkpoint: {out['checkpoint']} (step {out['step']}, {out['checkpoint_kind']})")
-    print(f"wrote {', '.join(out['written'])}  ({out['ne_base_rate']})")
+    outs = {}
+    for run_dir in args.run:
+        out = evaluate_run(run_dir, args.data, args.partitions, args.device)
+        name = out["model"] if len(args.run) == 1 else Path(run_dir).name
+        if name in outs:  # two runs of one model: tell them apart by folder
+            name = str(run_dir)
+        outs[name] = out
+    first = next(iter(outs.values()))
+    print(format_metrics(outs, first.get("oracle")))
+    for name, out in outs.items():
+        print(f"{name}: checkpoint {out['checkpoint']} (step {out['step']}, {out['checkpoint_kind']}); "
+              f"wrote {', '.join(out['written'])}")
+    print(f"({first['ne_base_rate']})")
     return 0

@@ -372,6 +372,7 @@ def run(args: argparse.Namespace) -> int:
         if path.exists() and not args.force:
             raise UsageError(f"{path}: an import spec is already there (perhaps edited): re-run with "
                              f"--schema {path} to use it, or add --force to overwrite it")
+        path.parent.mkdir(parents=True, exist_ok=True)  # the spec sits next to --out, whose parent may be new
         job.spec.save(path)
         job.spec_path = str(path)
         print(f"convert table: wrote the inferred import spec to {path} (edit it and re-run with "
