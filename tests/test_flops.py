@@ -73,6 +73,7 @@ def test_flop_counter_counts_cpu_attention_without_touching_torchs_registry():
 
 
 CONFIGS = {
+    "lr": ModelConfig(name="lr"),
     "dlrm": ModelConfig(name="dlrm"),
     "dlrm_small": ModelConfig(
         name="dlrm",

@@ -15,14 +15,14 @@ baseline takes ``EmbeddedFeatures`` and replaces only the part between the token
   unnormalised as in DIN (or masked-softmaxed with ``softmax = true``); the pooled interests are concatenated
   with the flattened tokens and fed to an MLP.
 
-- LR: logistic regression, the floor every model must clear. The same FeatureEmbedding built on a copy of
-  the schema with every table's dim set to 1, so a table row is one weight per id (trained by the same fused
-  row-wise Adagrad, regularised by the same ``train.embedding_l2``); each sequence group is a bag of its
-  events (per-event weight, masked mean); dense features enter raw (or normalised with
-  ``embedding.dense_norm``). The head is the shared MultiSurfaceHead with no trunk and no adapter, so
-  logit[s, t] = b[s, t] + sum_k a[s, k, t] x_k over those inputs x_k: linear in the one-hot ids and dense
-  values, with a per-(surface, task) scale a of each field (starting at 1 for id fields, 0 for dense ones)
-  and the bias starting at the base rate like every model's.
+- LR: logistic regression, the floor every model must clear. The same FeatureEmbedding on a copy of the
+  schema whose tables are 4 wide (FBGEMM's narrowest; trained by the same fused row-wise Adagrad,
+  regularised by the same ``train.embedding_l2``); each sequence group is a bag of its events (per-event
+  linear map, masked mean); dense features enter as they are (normalised with ``embedding.dense_norm``).
+  The head is the shared MultiSurfaceHead with no trunk and no adapter, so
+  logit[s, t] = b[s, t] + sum_k a[s, k, t] x_k over those inputs x_k: linear in the one-hot ids and the
+  dense values (an id's effective weight is its row weighed by a; at the start the row's mean, dense
+  weights 0), and the bias starts at the base rate like every model's.
 
 Sequence groups are mean-pooled for DLRM and DCNv2 (neither paper models sequences).
 """
@@ -265,16 +265,21 @@ class DIN(_Baseline):
 
 
 # ------------------------------------------------------------------------------------------------- LR
+# TorchRec's fused (FBGEMM) kernels need table widths divisible by 4, so an id holds 4 numbers; the head
+# weighs them into the id's one effective weight (their mean at the start).
+LR_DIM = 4
+
+
 def weight_schema(schema: FeatureSchema, use_sequences: bool = True) -> FeatureSchema:
-    """``schema`` with every embedding table of dim 1 (a row is one weight); sequence groups dropped
-    unless ``use_sequences``. Vocabularies and table sharing are kept, so ids mean the same rows."""
-    one = [dataclasses.replace(f, dim=1) for f in schema.sparse]
+    """``schema`` with every embedding table LR_DIM wide; sequence groups dropped unless
+    ``use_sequences``. Vocabularies and table sharing are kept, so ids mean the same rows."""
+    thin = [dataclasses.replace(f, dim=LR_DIM) for f in schema.sparse]
     groups = [
-        dataclasses.replace(g, fields=tuple(dataclasses.replace(f, dim=1) if f.kind == "id" else f
+        dataclasses.replace(g, fields=tuple(dataclasses.replace(f, dim=LR_DIM) if f.kind == "id" else f
                                             for f in g.fields))
         for g in schema.sequences
     ] if use_sequences else []
-    return dataclasses.replace(schema, sparse=tuple(one), sequences=tuple(groups))
+    return dataclasses.replace(schema, sparse=tuple(thin), sequences=tuple(groups))
 
 
 class LR(_Baseline):
@@ -282,27 +287,28 @@ class LR(_Baseline):
 
     def __init__(self, schema: FeatureSchema, emb: EmbeddingConfig, head: HeadConfig, cfg: LRConfig) -> None:
         lr_schema = weight_schema(schema, cfg.use_sequences)
-        # d = 1 and no grouping: each sparse feature's pooled weight is its own token, unprojected; no dense
-        # MLP (dense features go straight to the head); the surface token only when nothing else would be
-        # a token (a dense-only schema), where it is one more per-surface constant
-        lr_emb = dataclasses.replace(emb, d=1, dense_tokens=0, group_small=False,
+        # d = LR_DIM without grouping: each sparse feature's pooled row is its own token, unprojected; no
+        # dense MLP (dense features go straight to the head); the surface token only when nothing else
+        # would be a token (a dense-only schema), where it is one more per-surface constant
+        lr_emb = dataclasses.replace(emb, d=LR_DIM, dense_tokens=0, group_small=False,
                                      surface_token=not schema.sparse)
         linear_head = dataclasses.replace(head, hidden=[], adapter_dim=0)  # keeps head.dropout
         super().__init__(lr_schema, lr_emb, linear_head)
         self.schema = schema
         self.cfg = cfg
-        self.num_weights = self.embedding.num_tokens + len(lr_schema.sequences)  # id-derived inputs
+        # inputs derived from ids: one LR_DIM block per token and per sequence group, then the dense values
+        self.num_id_inputs = (self.embedding.num_tokens + len(lr_schema.sequences)) * LR_DIM
         self.num_dense = len(schema.dense)
-        self._make_head(self.num_weights + self.num_dense, linear_head)
-        with torch.no_grad():  # start at plain LR: every id weight counts once, dense weights at 0
-            self.head.out_weight[:, : self.num_weights].fill_(1.0)
-            self.head.out_weight[:, self.num_weights :].zero_()
+        self._make_head(self.num_id_inputs + self.num_dense, linear_head)
+        with torch.no_grad():  # start as plain LR: an id's weight is the mean of its row; dense weights 0
+            self.head.out_weight[:, : self.num_id_inputs].fill_(1.0 / LR_DIM)
+            self.head.out_weight[:, self.num_id_inputs :].zero_()
 
     def interact(self, batch: Batch, emb: EmbeddedFeatures) -> torch.Tensor:
         parts = [emb.tokens.flatten(1), *_seq_means(emb)]
         if self.num_dense:
-            parts.append(emb.dense if emb.dense is not None else batch.dense)
-        return torch.cat(parts, dim=1).to(emb.tokens.dtype)
+            parts.append((emb.dense if emb.dense is not None else batch.dense).to(emb.tokens.dtype))
+        return torch.cat(parts, dim=1)
 
     def interact_flops(self, seq_len: int | None) -> int:
         return 0
