@@ -12,9 +12,9 @@ fused row-wise Adagrad on the tables), the same loaders (shuffled row groups and
 per epoch) and the same ``evaluate``; only the epoch loop and the choice of the best epoch are its own.
 
 Early stopping: after every epoch the model is scored on ``--valid`` (mean AUC over surface x task
-keys; ties broken by lower loss) and on ``--test``; the reported test metrics are those of the epoch
-with the best validation AUC, which equals restoring that epoch's checkpoint. Training stops after
-``--patience`` epochs without improvement.
+keys, ties broken by lower loss; ``--select ne``: mean NE) and on ``--test``; the reported test
+metrics are those of the epoch with the best validation score, which equals restoring that epoch's
+checkpoint. Training stops after ``--patience`` epochs without improvement.
 """
 
 from __future__ import annotations
@@ -45,10 +45,15 @@ def evaluate(trainer: Any, spec: str) -> dict[str, Any]:
     return {"loss": res["loss"], "metrics": metrics}
 
 
-def _score(res: dict[str, Any]) -> tuple[float, float]:
+def _score(res: dict[str, Any], select: str = "auc") -> tuple[float, float]:
+    """Higher is better. ``auc``: mean AUC over surface x task keys (BARS's choice), ties by lower loss;
+    ``ne``: minus the mean NE of the same keys (keeps calibrated epochs: AUC can keep rising while the
+    predictions grow overconfident and NE gets worse)."""
     keys = [k for k in res["metrics"] if not k.startswith("all/")] or list(res["metrics"])
-    aucs = [res["metrics"][k]["auc"] for k in keys if np.isfinite(res["metrics"][k]["auc"])]
-    return (float(np.mean(aucs)) if aucs else -1.0, -res["loss"])
+    vals = [res["metrics"][k][select] for k in keys if np.isfinite(res["metrics"][k][select])]
+    if select == "ne":
+        return (-float(np.mean(vals)) if vals else -np.inf, -res["loss"])
+    return (float(np.mean(vals)) if vals else -1.0, -res["loss"])
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -82,7 +87,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 rec["valid"] = evaluate(trainer, args.valid)
             rec["test"] = evaluate(trainer, args.test)
             history.append(rec)
-            key = _score(rec["valid"] if args.valid else rec["test"])
+            key = _score(rec["valid"] if args.valid else rec["test"], args.select)
             print(
                 f"[{args.out}] epoch {epoch + 1}: step {trainer.step} train loss "
                 f"{rec['train_loss_last100']:.4f} "
@@ -137,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--test", default="@last")
     p.add_argument("--epochs", type=int, default=0, help="0 = train.epochs of the recipe")
     p.add_argument("--patience", type=int, default=2)
+    p.add_argument("--select", choices=["auc", "ne"], default="auc",
+                   help="the validation metric that picks the reported epoch (and early stopping)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("overrides", nargs="*")
     args = p.parse_args(argv)
