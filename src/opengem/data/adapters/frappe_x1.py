@@ -30,6 +30,7 @@ from opengem.data.adapters.common import (
     take_columns,
     write_dataset,
 )
+from opengem.data.adapters.vocab import splitmix64
 from opengem.data.schema import FeatureSchema
 
 FIELDS = (  # name, first index, number of values
@@ -42,15 +43,6 @@ SPLIT_RULE = (
     "train = valid.libsvm minus a held-out 10 % (the round(0.1*N) lines with the smallest splitmix64 hash "
     "of the line number), valid = that held-out slice, test = test.libsvm; no timestamps, ts = line number"
 )
-
-
-def splitmix64(x: np.ndarray) -> np.ndarray:
-    """A fixed integer hash (no RNG state, identical across numpy versions)."""
-    z = x.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
-    with np.errstate(over="ignore"):
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return z ^ (z >> np.uint64(31))
 
 
 def read_libsvm(path: Path, limit: int | None, bad: BadRows | None = None) -> tuple[np.ndarray, np.ndarray]:
