@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from opengem.config import save_config
-from opengem.data.commit import MARKER
+from opengem.data.commit import MARKER, atomic_write_text
 from opengem.data.dataset import Dataset
 from opengem.data.loader import ParquetLoader
 from opengem.data.parquet import DataError, inspect_file
@@ -233,12 +233,9 @@ def _publish(run_dir: Path, version: int, window: str, trainer: Trainer, step: i
     o = trainer.optimizers
     ckpt.save(path, step, trainer.model, dense_opt=o.dense_opt, sparse_opt=o.sparse, scheduler=o.scheduler,
               extra=manifest)
-    tmp = path / (MANIFEST + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=2))
-    os.replace(tmp, path / MANIFEST)  # the manifest appears last and whole: the version is published
-    latest = run_dir / VERSIONS / "LATEST"
-    (run_dir / VERSIONS / "LATEST.tmp").write_text(path.name + "\n")
-    os.replace(run_dir / VERSIONS / "LATEST.tmp", latest)
+    # the manifest appears last and whole: the version is published
+    atomic_write_text(path / MANIFEST, json.dumps(manifest, indent=2))
+    atomic_write_text(run_dir / VERSIONS / "LATEST", path.name + "\n")
     return {**manifest, "path": str(path)}
 
 

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from opengem.config import ConfigError, flatten_dict, to_dict
+from opengem.data.commit import atomic_write_text
 from opengem.errors import OpengemError, UsageError
 from opengem.train.config import RunConfig, load_run_config
 
@@ -249,9 +250,7 @@ def move_aside(run_dir: str | Path) -> Path:
 
 
 def _write_json(path: Path, obj: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2) + "\n")
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(obj, indent=2) + "\n")
 
 
 # --------------------------------------------------------------------------- resume
@@ -313,7 +312,5 @@ def rollback_log(run_dir: str | Path, step: int, redo_final: bool = False) -> in
             continue
         kept.append(line)
     if dropped:
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text("".join(line + "\n" for line in kept))
-        os.replace(tmp, path)
+        atomic_write_text(path, "".join(line + "\n" for line in kept))
     return dropped
