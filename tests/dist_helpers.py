@@ -88,3 +88,10 @@ def final_tensors(run: Path) -> dict[str, torch.Tensor]:
            if k.startswith("model.") and hasattr(v, "size")}
     dcp.load(out, storage_reader=ckpt.SafeReader(str(run / "checkpoints" / "final")), no_dist=True)
     return out
+
+
+def assert_same_params(a: Path, b: Path) -> None:
+    ta, tb = final_tensors(a), final_tensors(b)
+    assert ta.keys() == tb.keys() and ta
+    for k in ta:
+        assert torch.equal(ta[k], tb[k]), k

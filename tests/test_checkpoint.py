@@ -14,7 +14,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from dist_helpers import TINY, aligned_dataset, env, final_tensors, losses, run_train, train_cmd
+from dist_helpers import (
+    TINY,
+    aligned_dataset,
+    assert_same_params,
+    env,
+    final_tensors,
+    losses,
+    run_train,
+    train_cmd,
+)
 from opengem.train import checkpoint as ckpt
 from opengem.train.config import load_run_config
 from opengem.train.data import prepare_data
@@ -23,12 +32,6 @@ from opengem.train.trainer import train
 FAST = ["train.progress=false", "train.threads=1", "train.warmup_steps=3", "train.final_eval=false",
         "train.log_every=2", "data.batch_size=64", "train.checkpoint_every=4"]
 
-
-def assert_same_params(a: Path, b: Path) -> None:
-    ta, tb = final_tensors(a), final_tensors(b)
-    assert ta.keys() == tb.keys() and ta
-    for k in ta:
-        assert torch.equal(ta[k], tb[k]), k
 
 
 @pytest.fixture(scope="module")

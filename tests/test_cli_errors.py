@@ -23,6 +23,7 @@ import opengem.data.adapters as convert_cmd
 import opengem.data.simulate as simulate_cmd
 import opengem.data.validate as validate_cmd
 import opengem.train.cli as train_cmd
+from cli_helpers import TRACEBACK, one_error_line, run_cli
 from opengem.cli import main
 from opengem.config import ConfigError
 from opengem.data.parquet import DataError
@@ -32,20 +33,6 @@ from opengem.train.config import load_run_config
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny.toml"
-TRACEBACK = "Traceback (most recent call last)"
-
-
-def _run(capsys: pytest.CaptureFixture, argv: list[str]) -> tuple[int, str]:
-    rc = main(argv)
-    return rc, capsys.readouterr().err
-
-
-def _one_error_line(err: str, command: str) -> str:
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert TRACEBACK not in err, err
-    assert len(lines) == 1, err
-    assert lines[0].startswith(f"opengem {command}: error: "), err
-    return lines[0]
 
 
 def _raising(exc: BaseException) -> Callable[[argparse.Namespace], int]:
@@ -80,9 +67,9 @@ def _raising(exc: BaseException) -> Callable[[argparse.Namespace], int]:
 )
 def test_user_errors_are_one_line(monkeypatch, capsys, exc: BaseException, code: int, needle: str) -> None:
     monkeypatch.setattr(validate_cmd, "run", _raising(exc))
-    rc, err = _run(capsys, ["validate", "--data", "D"])
+    rc, err = run_cli(capsys, ["validate", "--data", "D"])
     assert rc == code
-    assert needle in _one_error_line(err, "validate")
+    assert needle in one_error_line(err, "validate")
 
 
 def test_disk_full_from_a_writer_without_a_path_says_so(monkeypatch, capsys, tmp_path: Path) -> None:
@@ -91,9 +78,9 @@ def test_disk_full_from_a_writer_without_a_path_says_so(monkeypatch, capsys, tmp
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(simulate_cmd, "simulate", full)
-    rc, err = _run(capsys, ["simulate", "--out", str(tmp_path / "d"), "--rows", "10", "--quiet"])
+    rc, err = run_cli(capsys, ["simulate", "--out", str(tmp_path / "d"), "--rows", "10", "--quiet"])
     assert rc == 1
-    line = _one_error_line(err, "simulate")
+    line = one_error_line(err, "simulate")
     assert "disk full" in line and "opengem.data.simulate.run" in line
 
 
@@ -101,15 +88,15 @@ def test_a_checkpoint_write_failing_on_a_full_disk_is_one_line(monkeypatch, caps
     """DCP wraps a rank's ENOSPC in CheckpointException, a BaseException: unwrapped, it is one line too."""
     inner = OSError(errno.ENOSPC, "No space left on device")
     monkeypatch.setattr(validate_cmd, "run", _raising(CheckpointException("save failed", {0: (inner, None)})))
-    rc, err = _run(capsys, ["validate", "--data", "D"])
+    rc, err = run_cli(capsys, ["validate", "--data", "D"])
     assert rc == 1
-    assert "checkpoint on rank 0: no space left on the device" in _one_error_line(err, "validate")
+    assert "checkpoint on rank 0: no space left on the device" in one_error_line(err, "validate")
 
 
 def test_debug_shows_the_traceback_before_or_after_the_command(monkeypatch, capsys) -> None:
     monkeypatch.setattr(validate_cmd, "run", _raising(DataError("part-0.parquet", "bad part")))
     for argv in (["--debug", "validate", "--data", "D"], ["validate", "--data", "D", "--debug"]):
-        rc, err = _run(capsys, argv)
+        rc, err = run_cli(capsys, argv)
         assert rc == 1
         assert TRACEBACK in err and "DataError: part-0.parquet: bad part" in err
         assert err.rstrip().splitlines()[-1] == "opengem validate: error: part-0.parquet: bad part"
@@ -118,20 +105,20 @@ def test_debug_shows_the_traceback_before_or_after_the_command(monkeypatch, caps
 def test_debug_from_the_environment(monkeypatch, capsys) -> None:
     monkeypatch.setattr(validate_cmd, "run", _raising(DataError("part-0.parquet", "bad part")))
     monkeypatch.setenv("OPENGEM_DEBUG", "1")
-    rc, err = _run(capsys, ["validate", "--data", "D"])
+    rc, err = run_cli(capsys, ["validate", "--data", "D"])
     assert rc == 1 and TRACEBACK in err
 
 
 def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys) -> None:
     monkeypatch.setattr(validate_cmd, "run", _raising(KeyboardInterrupt()))
-    rc, err = _run(capsys, ["validate", "--data", "D"])
+    rc, err = run_cli(capsys, ["validate", "--data", "D"])
     assert rc == 130
-    assert "interrupted" in _one_error_line(err, "validate")
+    assert "interrupted" in one_error_line(err, "validate")
 
 
 def test_a_bug_keeps_its_traceback_and_says_it_is_a_bug(monkeypatch, capsys) -> None:
     monkeypatch.setattr(validate_cmd, "run", _raising(ZeroDivisionError("division by zero")))
-    rc, err = _run(capsys, ["validate", "--data", "D"])
+    rc, err = run_cli(capsys, ["validate", "--data", "D"])
     assert rc == 1
     assert TRACEBACK in err
     last = err.rstrip().splitlines()[-1]
@@ -141,7 +128,7 @@ def test_a_bug_keeps_its_traceback_and_says_it_is_a_bug(monkeypatch, capsys) -> 
 
 def test_an_oserror_with_no_path_and_unknown_cause_is_treated_as_a_bug(monkeypatch, capsys) -> None:
     monkeypatch.setattr(validate_cmd, "run", _raising(OSError(errno.EIO, "Input/output error")))
-    rc, err = _run(capsys, ["validate", "--data", "D"])
+    rc, err = run_cli(capsys, ["validate", "--data", "D"])
     assert rc == 1 and TRACEBACK in err and "internal error" in err
 
 
@@ -196,17 +183,17 @@ def test_usage_errors_still_exit_2_through_argparse(capsys) -> None:
 
 # ------------------------------------------------------------------ the config cases, for real
 def test_config_that_is_a_folder(capsys, tmp_path: Path) -> None:
-    rc, err = _run(capsys, ["train", "--config", str(tmp_path)])
+    rc, err = run_cli(capsys, ["train", "--config", str(tmp_path)])
     assert rc == 2
-    assert f"{tmp_path}: is a folder" in _one_error_line(err, "train")
+    assert f"{tmp_path}: is a folder" in one_error_line(err, "train")
 
 
 def test_config_with_non_utf8_bytes(capsys, tmp_path: Path) -> None:
     bad = tmp_path / "c.toml"
     bad.write_bytes(b"[train]\nsteps = 3 # caf\xe9\n")
-    rc, err = _run(capsys, ["train", "--config", str(bad)])
+    rc, err = run_cli(capsys, ["train", "--config", str(bad)])
     assert rc == 2
-    line = _one_error_line(err, "train")
+    line = one_error_line(err, "train")
     assert str(bad) in line and "not UTF-8" in line and "line 2" in line
 
 
@@ -230,9 +217,9 @@ def test_schema_with_non_utf8_bytes_names_the_file(tmp_path: Path) -> None:
     ],
 )
 def test_bad_override_names_key_value_and_quotes(capsys, override: str, needles: list[str]) -> None:
-    rc, err = _run(capsys, ["train", "--config", str(TINY), override])
+    rc, err = run_cli(capsys, ["train", "--config", str(TINY), override])
     assert rc == 2
-    line = _one_error_line(err, "train")
+    line = one_error_line(err, "train")
     for needle in needles:
         assert needle in line
 

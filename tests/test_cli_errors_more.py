@@ -21,6 +21,7 @@ import pyarrow.csv as pcsv
 import pytest
 
 import opengem.bench.cli as bench_cli
+from cli_helpers import TRACEBACK, one_error_line, run_cli
 from opengem.cli import main
 from opengem.config import ConfigError, load_config
 from opengem.data.adapters import convert as convert_dataset
@@ -34,24 +35,10 @@ from opengem.model.registry import ModelConfig, build_model
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny.toml"
 TINY_SCHEMA = ROOT / "configs" / "schemas" / "tiny.toml"
-TRACEBACK = "Traceback (most recent call last)"
 SIM = ["--rows", "600", "--days", "2", "--surfaces", "2", "--users", "200", "--ads", "100",
        "--advertisers", "20", "--topics", "10", "--seq-mean", "4", "--seq-max", "8", "--recent-k", "2",
        "--emb-dim", "4", "--chunk-rows", "300", "--quiet"]
 FAST = ["train.steps=2", "train.progress=false", "train.warmup_steps=1", "train.threads=1"]
-
-
-def _one_error_line(err: str, command: str) -> str:
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert TRACEBACK not in err, err
-    assert len(lines) == 1, err
-    assert lines[0].startswith(f"opengem {command}: error: "), err
-    return lines[0]
-
-
-def _run(capsys: pytest.CaptureFixture, argv: list[str]) -> tuple[int, str]:
-    rc = main(argv)
-    return rc, capsys.readouterr().err
 
 
 @pytest.fixture(scope="module")
@@ -64,9 +51,9 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # ------------------------------------------------------------------ 1. simulator config
 def test_simulate_with_an_unknown_compression_is_one_line_naming_the_codecs(capsys, tmp_path: Path) -> None:
     """Was pyarrow's ArrowException from deep in the writer (a traceback, exit 1)."""
-    rc, err = _run(capsys, ["simulate", "--out", str(tmp_path / "d"), *SIM, "--compression", "bogus"])
+    rc, err = run_cli(capsys, ["simulate", "--out", str(tmp_path / "d"), *SIM, "--compression", "bogus"])
     assert rc == 2
-    line = _one_error_line(err, "simulate")
+    line = one_error_line(err, "simulate")
     assert "compression" in line and "'bogus'" in line and "zstd" in line
     assert "simulate: compression" not in line  # no "simulate:" inside "opengem simulate: error:"
     assert not (tmp_path / "d").exists()  # refused before any work
@@ -92,10 +79,10 @@ def test_sim_from_dict_type_checks_and_names_the_key() -> None:
 
 
 def test_train_with_a_quoted_string_for_a_sim_size_is_one_line(capsys, tmp_path: Path) -> None:
-    rc, err = _run(capsys, ["train", "--config", str(TINY), 'data.sim.rows="abc"',
+    rc, err = run_cli(capsys, ["train", "--config", str(TINY), 'data.sim.rows="abc"',
                             "--out", str(tmp_path / "r")])
     assert rc == 2
-    assert "data.sim.rows: expected an integer" in _one_error_line(err, "train")
+    assert "data.sim.rows: expected an integer" in one_error_line(err, "train")
 
 
 # ------------------------------------------------------------------ 2. model sizes and names
@@ -141,25 +128,26 @@ def test_sequence_heads_are_checked_only_where_an_attention_is_built() -> None:
 ])
 def test_train_with_a_bad_model_config_is_one_line(capsys, tmp_path: Path, dataset: Path,
                                                    override: str, needle: str) -> None:
-    rc, err = _run(capsys, ["train", "--config", str(TINY), *FAST, "--data", str(dataset), override,
+    rc, err = run_cli(capsys, ["train", "--config", str(TINY), *FAST, "--data", str(dataset), override,
                             "--out", str(tmp_path / "r")])
     assert rc == 2
-    assert needle in _one_error_line(err, "train")
+    assert needle in one_error_line(err, "train")
 
 
 # ------------------------------------------------------------------ 3. bench, scale, report
 def test_bench_steps_below_one_is_a_usage_error_naming_the_flag(capsys) -> None:
     """With several models each child failed and the parent raised RuntimeError: a traceback."""
     for models in ("", "gem,dlrm"):
-        rc, err = _run(capsys, ["bench", "train", "--config", str(TINY), "--models", models, "--steps", "-1"])
+        argv = ["bench", "train", "--config", str(TINY), "--models", models, "--steps", "-1"]
+        rc, err = run_cli(capsys, argv)
         assert rc == 2
-        assert "--steps: must be >= 1 (got -1)" in _one_error_line(err, "bench")
+        assert "--steps: must be >= 1 (got -1)" in one_error_line(err, "bench")
 
 
 def test_bench_config_error_is_raised_not_printed(capsys) -> None:
-    rc, err = _run(capsys, ["bench", "train", "--config", str(TINY), "train.steps=abc", "--steps", "1"])
+    rc, err = run_cli(capsys, ["bench", "train", "--config", str(TINY), "train.steps=abc", "--steps", "1"])
     assert rc == 2
-    assert "train.steps" in _one_error_line(err, "bench")
+    assert "train.steps" in one_error_line(err, "bench")
 
 
 def test_bench_child_user_error_is_one_line_and_a_child_crash_keeps_its_trace(monkeypatch) -> None:
@@ -182,15 +170,16 @@ def test_bench_child_user_error_is_one_line_and_a_child_crash_keeps_its_trace(mo
 
 
 def test_scale_config_error_is_raised_not_printed(capsys, tmp_path: Path) -> None:
-    rc, err = _run(capsys, ["scale", "--config", str(tmp_path / "nope.toml"), "--out", str(tmp_path / "s")])
+    argv = ["scale", "--config", str(tmp_path / "nope.toml"), "--out", str(tmp_path / "s")]
+    rc, err = run_cli(capsys, argv)
     assert rc == 2
-    assert "nope.toml" in _one_error_line(err, "scale")
+    assert "nope.toml" in one_error_line(err, "scale")
 
 
 def test_report_on_a_missing_folder_is_one_error_line_on_stderr(capsys, tmp_path: Path) -> None:
-    rc, err = _run(capsys, ["report", str(tmp_path / "nope")])
+    rc, err = run_cli(capsys, ["report", str(tmp_path / "nope")])
     assert rc == 2
-    assert "nope: no such folder" in _one_error_line(err, "report")
+    assert "nope: no such folder" in one_error_line(err, "report")
 
 
 # ------------------------------------------------------------------ 4. binary garbage in a CSV source
@@ -297,9 +286,9 @@ def test_a_read_only_out_names_the_folder_given(monkeypatch, capsys, tmp_path: P
 
     monkeypatch.setattr(Path, "mkdir", read_only)
     out = tmp_path / "ro" / "d"
-    rc, err = _run(capsys, ["simulate", "--out", str(out), *SIM])
+    rc, err = run_cli(capsys, ["simulate", "--out", str(out), *SIM])
     assert rc == 1
-    line = _one_error_line(err, "simulate")
+    line = one_error_line(err, "simulate")
     assert f"{out}: read-only file system" in line and ".tmp-" not in line
 
 

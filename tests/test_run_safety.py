@@ -16,9 +16,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import torch
 
-from dist_helpers import ROOT, TINY, env, final_tensors
+from dist_helpers import ROOT, TINY, assert_same_params, env
 from opengem.data.dataset import Dataset
 from opengem.errors import DatasetError, UsageError
 from opengem.train import checkpoint as ckpt
@@ -53,12 +52,6 @@ def records(run: Path, kind: str | None = None) -> list[dict]:
 def train_steps(run: Path) -> list[int]:
     return [r["step"] for r in records(run, "train")]
 
-
-def assert_same_params(a: Path, b: Path) -> None:
-    ta, tb = final_tensors(a), final_tensors(b)
-    assert ta.keys() == tb.keys() and ta
-    for k in ta:
-        assert torch.equal(ta[k], tb[k]), k
 
 
 @pytest.fixture(scope="module")
