@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
+from opengem.data.commit import atomic_write_text
 from opengem.data.dataset import Dataset
 from opengem.errors import OpengemError
 from opengem.train.trainer import train
@@ -50,9 +51,7 @@ def version_dir(run: str | Path, version: int) -> Path:
 def write_manifest(path: str | Path, version: int, trained_through_ts: int, **extra: Any) -> None:
     path = Path(path)
     rec = {"version": version, "trained_through_ts": int(trained_through_ts), **extra}
-    tmp = path / "manifest.json.tmp"
-    tmp.write_text(json.dumps(rec, indent=2))
-    tmp.rename(path / "manifest.json")
+    atomic_write_text(path / "manifest.json", json.dumps(rec, indent=2))
 
 
 def list_versions(run: str | Path) -> list[FMVersion]:
