@@ -297,3 +297,81 @@ def test_avazu_full(converted) -> None:
     ts = tables["train"]["ts"].to_numpy()
     assert (ts == 1413849600).all()  # hour 14102100 = 2014-10-21 00:00 UTC
     assert (tables["train"]["hour_of_day"].to_numpy() == 1).all()
+
+
+# --------------------------------------------------------------------------- Criteo's full release layout
+def _criteo_release_lines(n: int, seed: int = 0) -> list[list[str]]:
+    """Kaggle DAC train.txt rows: label, I1..I13 (empty ~25 %, I2 may be negative), C1..C26 8-hex-digit
+    values (empty ~10 %, C26 empty on every 5th row so that the line ends with a tab)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(n):
+        ints = ["" if rng.random() < 0.25 else str(int(rng.integers(-3 if k == 1 else 0, 500)))
+                for k in range(13)]
+        cats = ["" if rng.random() < 0.1 else f"{int(rng.zipf(1.5)) * 2654435761 % 2**32:08x}"
+                for _ in range(26)]
+        if i % 5 == 0:
+            cats[-1] = ""
+        rows.append([str(int(rng.random() < 0.25)), *ints, *cats])
+    return rows
+
+
+def test_criteo_full_release_layout_streams(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A folder holding the full release's train.txt (no header, TSV, empty fields) converts through the
+    importer's streaming path: many small blocks and several shuffle buckets, never the whole file."""
+    from opengem.data.adapters.sources import Source
+    from opengem.data.adapters.table_split import uniform
+
+    n = 3000
+    lines = _criteo_release_lines(n)
+    src = tmp_path / "dac"
+    src.mkdir()
+    (src / "train.txt").write_text("".join("\t".join(r) + "\n" for r in lines))
+    assert (src / "train.txt").read_text().count("\t\n") >= n // 5  # the release's trailing empty field
+    monkeypatch.setattr("opengem.data.adapters.sources.BLOCK_BYTES", 32 << 10)
+    monkeypatch.setattr("opengem.data.adapters.table.SHUFFLE_BUCKET_ROWS", 500)
+    sizes: list[int] = []
+    real = Source.batches
+
+    def batches(self, bad, columns=None):
+        for path, batch in real(self, bad, columns):
+            sizes.append(batch.num_rows)
+            yield path, batch
+
+    monkeypatch.setattr(Source, "batches", batches)
+    assert cli_main(["convert", "criteo_kaggle_head", "--src", str(src), "--out", str(tmp_path / "o")]) == 0
+    assert sum(sizes) == 2 * n and max(sizes) < n // 10  # two passes, each in many blocks
+    ds, tables, summary = _check_canonical(tmp_path / "o")
+    assert summary["dataset"] == "criteo_kaggle" and "full release train.txt" in summary["split_rule"]
+    # the documented split: a seeded hash of the line number, 80/10/10
+    t = pa.concat_tables(tables.values())
+    eid = t["example_id"].to_numpy()
+    assert sorted(eid) == list(range(n))
+    u = uniform(np.arange(n), 0)
+    want = {"test": u < 0.1, "valid": (u >= 0.1) & (u < 0.2), "train": u >= 0.2}
+    for s in SPLITS:
+        assert sorted(tables[s]["example_id"].to_pylist()) == np.flatnonzero(want[s]).tolist(), s
+    assert not (np.diff(tables["train"]["example_id"].to_numpy()) > 0).all()  # shuffled in buckets
+    # every value arrived with its own line
+    src_rows = [lines[i] for i in eid]
+    assert t["click"].to_pylist() == [float(r[0]) for r in src_rows]
+    for k in (1, 2, 12):
+        raw = [r[k] for r in src_rows]
+        assert t[f"I{k}_missing"].to_pylist() == [float(v == "") for v in raw]
+        want_i = np.log1p(np.maximum([float(v or 0) for v in raw], 0)).astype(np.float32)
+        np.testing.assert_allclose(t[f"I{k}"].to_numpy(), want_i, rtol=1e-6)
+    train = set(tables["train"]["example_id"].to_pylist())
+    for c in (3, 26):  # C3: Zipf values (kept and rare); C26: often empty
+        raw = [lines[i][13 + c] for i in eid]
+        counts: dict[str, int] = {}
+        for i in train:
+            counts[lines[i][13 + c]] = counts.get(lines[i][13 + c], 0) + 1
+        ids = t[f"C{c}"].to_pylist()
+        kept = {v: i for v, i in zip(raw, ids) if v and counts.get(v, 0) >= 2}
+        assert all((i == 0) == (not v or counts.get(v, 0) < 2) for v, i in zip(raw, ids)), c
+        assert len(set(kept.values())) == len(kept)  # one id per kept value, and the same on every row
+    # the file itself as --src: the same dataset
+    assert cli_main(["convert", "criteo_kaggle_head", "--src", str(src / "train.txt"),
+                     "--out", str(tmp_path / "f")]) == 0
+    _, again, _ = _load(tmp_path / "f")
+    assert all(again[s].equals(tables[s]) for s in SPLITS)

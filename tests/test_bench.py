@@ -2,6 +2,7 @@ import argparse
 import contextlib
 import io
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -16,8 +17,8 @@ from opengem.model.registry import build_model
 from opengem.train.config import load_run_config
 
 TINY = Path(__file__).resolve().parents[1] / "configs" / "tiny.toml"
-KEYS = ("examples_per_s", "flops_per_example", "achieved_flops", "peak_flops", "mfu", "peak_mem_mb",
-        "time_to_first_step_s")
+KEYS = ("examples_per_s", "flops_per_example", "flops_per_example_full", "achieved_flops", "peak_flops",
+        "mfu", "mfu_full", "peak_mem_mb", "time_to_first_step_s", "loader_examples_per_s")
 
 
 @pytest.fixture(scope="module")
@@ -42,10 +43,17 @@ def test_bench_json_keys_and_sanity(bench_json):
     assert r["achieved_flops"] == pytest.approx(r["examples_per_s"] * r["flops_per_example"])
     assert r["mfu"] == pytest.approx(r["achieved_flops"] / r["peak_flops"])
     assert r["batch_size"] == 64 and r["model"] == "gem"
-    # the counter the bench uses for the training step: 3 x (analytic forward of the same model)
+    # the counter the bench uses for the training step: 3 x (analytic forward of the same model), at full
+    # length for mfu_full, at the batches' real history lengths (tiny's are mostly far shorter) for mfu
     cfg = load_run_config(TINY)
     plain = build_model(Dataset(r["data"]).schema, cfg.model)
-    assert r["flops_per_example"] == 3 * model_flops(plain)
+    assert r["flops_per_example_full"] == 3 * model_flops(plain)
+    assert r["flops_per_example"] == pytest.approx(3 * r["executed_fwd_flops_per_example"])
+    assert 3 * model_flops(plain, 0) <= r["flops_per_example"] < r["flops_per_example_full"]
+    assert r["mfu"] < r["mfu_full"]
+    assert r["mfu_full"] == pytest.approx(r["examples_per_s"] * r["flops_per_example_full"] / r["peak_flops"])
+    assert r["precision"] == "fp32" and r["peak_dtype"] == "float32"
+    assert r["peak_flops_fp32"] == r["peak_flops"]
     # FlopCounterMode on a real batch can only be below the full-length analytic count (+ 10 % tolerance)
     assert 0 < r["measured_fwd_flops_per_example"] <= 1.1 * r["fwd_flops_per_example"]
 
@@ -72,18 +80,39 @@ def test_bench_subcommand_parses_overrides_after_options():
 
 def test_format_table_ratios():
     base = {"device": "cpu", "threads": 1, "batch_size": 8, "windows": 2, "steps": 3, "warmup": 1,
-            "load_average": [1.0], "fwd_flops_per_example": 1e6, "achieved_flops": 3e9, "peak_flops": 1e11,
-            "mfu": 0.03, "mfu_measured_flops": 0.02, "peak_mem_mb": 10.0, "time_to_first_step_s": 0.5,
-            "peak_mem_method": "x"}
+            "load_average": [1.0], "executed_fwd_flops_per_example": 1e6, "achieved_flops": 3e9,
+            "peak_flops": 1e11, "mfu": 0.03, "mfu_full": 0.07, "peak_mem_mb": 10.0,
+            "time_to_first_step_s": 0.5, "peak_mem_method": "x", "precision": "bf16",
+            "loader_examples_per_s": 25000.0}
     text = format_table([{**base, "model": "gem", "examples_per_s": 1000.0},
                          {**base, "model": "dlrm", "examples_per_s": 2500.0}])
-    assert "2.50" in text.splitlines()[4] and "3.00%" in text
+    row = text.splitlines()[4].split()
+    assert row[0] == "dlrm" and row[1] == "bf16" and row[4] == "2.50"
+    assert row[7:9] == ["3.00%", "7.00%"] and row[-1] == "10.0"  # MFU, MFU full; loader 25,000 / 2,500
 
 
 def test_matmul_peak_positive_and_plausible():
     p = matmul_peak(torch.device("cpu"), n=256, repeats=3)
     assert 1e8 < p["peak_flops"] < 1e13  # 0.1 GFLOP/s .. 10 TFLOP/s on any CPU
     assert p["peak_flops"] >= p["peak_flops_median"]
+    assert p["peak_dtype"] == "float32"
+    bf16 = matmul_peak(torch.device("cpu"), n=256, repeats=3, precision="bf16")
+    assert bf16["peak_dtype"] == "bfloat16" and bf16["peak_flops"] > 1e8
+    with pytest.raises(ValueError, match="precision"):
+        matmul_peak(torch.device("cpu"), n=8, precision="fp8")
+
+
+def test_bench_under_bf16_divides_by_the_bf16_peak(tmp_path):
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        rc = main(["bench", "train", "--config", str(TINY), "--json", "--out", str(tmp_path), "--steps", "1",
+                   "--warmup", "0", "--windows", "1", "--pool", "2", "--peak-n", "256",
+                   "data.batch_size=32", "train.precision=bf16"])
+    assert rc == 0
+    r = json.loads(buf.getvalue())
+    assert r["precision"] == "bf16" and r["peak_dtype"] == "bfloat16"
+    assert r["mfu"] == pytest.approx(r["achieved_flops"] / r["peak_flops"])
+    assert r["peak_flops_fp32"] > 0 and math.isfinite(r["first_loss"])
 
 
 def test_peak_memory_sees_an_allocation():
@@ -93,3 +122,63 @@ def test_peak_memory_sees_an_allocation():
     del x
     r = m.stop()
     assert r["peak_mem_mb"] >= 48, r
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_gpu_check_without_a_gpu_says_so_in_one_line():
+    import subprocess
+    import sys
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: the script would run the real check")
+    p = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_check.sh"), "/nonexistent/out"],
+                       capture_output=True, text=True, timeout=120,
+                       env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin"})
+    assert p.returncode == 2
+    assert p.stdout.count("\n") == 1 and p.stdout.startswith("gpu_check: no CUDA GPU") and not p.stderr
+
+
+def test_gpu_check_bench_overrides_are_real_config_keys():
+    """The script's bench command names keys of configs/base.toml that exist (checked here without a GPU)."""
+    import re
+
+    script = (REPO / "benchmarks" / "gpu_check.sh").read_text()
+    bench = re.search(r"BENCH=\((.*?)\)", script, re.S).group(1)
+    overrides = [t.strip('"').replace("$OUT", "/tmp/x") for t in bench.split() if "=" in t and "." in t]
+    assert {o.split("=")[0] for o in overrides} >= {"train.precision", "train.compile", "train.device"}
+    cfg = load_run_config(REPO / "configs" / "base.toml", overrides)
+    assert cfg.train.precision == "bf16" and cfg.train.compile and cfg.train.device == "cuda"
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    args = p.parse_args([t.strip('"') for t in bench.split()][3:])  # after "-m opengem.cli bench"
+    assert args.models == "gem,dcnv2" and args.json
+
+
+def test_gpu_check_table_from_the_parts_json(tmp_path):
+    import importlib.util
+
+    path = REPO / "benchmarks" / "gpu_check_table.py"
+    spec = importlib.util.spec_from_file_location("gpu_check_table", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    run = {"precision": "bf16", "examples_per_s": 123456.0, "mfu": 0.31, "mfu_full": 0.45,
+           "peak_flops": 7.9e14, "peak_mem_mb": 20480.0, "batch_size": 4096, "windows": 3, "steps": 10}
+    (tmp_path / "bench-cold.json").write_text(json.dumps(
+        {"runs": [{**run, "model": "gem", "time_to_first_step_s": 95.0},
+                  {**run, "model": "dcnv2", "time_to_first_step_s": 30.0}]}))
+    (tmp_path / "bench-warm.json").write_text(json.dumps(
+        {"runs": [{**run, "model": "gem", "time_to_first_step_s": 9.5}]}))  # dcnv2 timed out warm
+    text = mod.table(tmp_path)
+    gem = next(ln for ln in text.splitlines() if ln.startswith("gem")).split()
+    assert gem[1:4] == ["bf16", "123,456", "31.00%"] and gem[-2:] == ["95.0", "9.5"]
+    dcn = next(ln for ln in text.splitlines() if ln.startswith("dcnv2")).split()
+    assert dcn[-2:] == ["30.0", "-"]
+    assert "NCCL 1-process all-reduce: FAILED" in text  # no nccl.json
+    (tmp_path / "nccl.json").write_text(json.dumps({"ok": True, "seconds": 1.5, "nccl": "2.27.3",
+                                                    "device": "NVIDIA H200", "torch": "2.13.0"}))
+    assert "ok in 1.50 s" in mod.table(tmp_path)
+    (tmp_path / "bench-cold.json").write_text("")
+    (tmp_path / "bench-warm.json").write_text("not json")
+    assert "gem    failed" in mod.table(tmp_path)

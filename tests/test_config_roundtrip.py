@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from opengem.bench.isoflop import IsoflopConfig
 from opengem.bench.scale import SweepConfig
 from opengem.cli import main
 from opengem.config import from_dict, load_config, save_config, to_dict
@@ -31,12 +32,16 @@ from opengem.data.schema import (
     dumps_toml,
 )
 from opengem.data.sim_config import SimConfig
+from opengem.demo import DemoConfig
+from opengem.serve.server import ServeConfig
 from opengem.train.config import RunConfig
+from opengem.transfer.distill_config import DistillConfig
 from opengem.transfer.experiment_config import ExperimentConfig
 from opengem.transfer.vm_train import ArmConfig
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "opengem"
-ROOTS = [RunConfig, SimConfig, ExperimentConfig, SweepConfig, ArmConfig]
+ROOTS = [RunConfig, SimConfig, ExperimentConfig, SweepConfig, ArmConfig, DistillConfig, IsoflopConfig,
+         DemoConfig, ServeConfig]
 # Dataclasses named *Config that are not loaded from or saved to TOML (none today).
 NOT_TOML: set[str] = set()
 
@@ -75,7 +80,12 @@ def _value(tp: Any, default: Any, variant: int) -> Any:
             return []
         return [_value(inner, None, 0), _value(inner, None, 1)]
     if origin is dict:
-        return {} if variant == 0 else dict(TRICKY_DICT)
+        if variant == 0:
+            return {}
+        inner = args[1] if len(args) == 2 else Any
+        if inner is Any:
+            return dict(TRICKY_DICT)
+        return {"k.dot": _value(inner, None, 1), TRICKY_STR: _value(inner, None, 2)}
     if tp is Any:
         return TRICKY_DICT
     raise AssertionError(f"no test value for type {tp!r}: extend _value")

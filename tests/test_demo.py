@@ -1,7 +1,10 @@
 import json
 from pathlib import Path
 
-from opengem.demo import main
+import pytest
+
+from opengem.config import ConfigError
+from opengem.demo import equal_flops_steps, gap_closed, load_demo_config, main
 
 TINY = Path(__file__).resolve().parents[1] / "configs" / "tiny.toml"
 
@@ -9,10 +12,42 @@ TINY = Path(__file__).resolve().parents[1] / "configs" / "tiny.toml"
 def test_demo_tiny(tmp_path, capsys):
     assert main(["--config", str(TINY), "--out", str(tmp_path), "train.progress=false", "train.steps=6"]) == 0
     text = capsys.readouterr().out
-    for name in ("gem", "dlrm"):
+    demo = load_demo_config(None, [])
+    summaries = {}
+    for name in ("gem", "dlrm", "dcnv2"):
         ev = json.loads((tmp_path / name / "eval.json").read_text())
         assert ev["model"] == name
         assert "feed/click" in ev["metrics"] and "oracle" in ev
-        assert Path(ev["data"]) == (tmp_path / "data").resolve()  # both runs on the same data
+        assert ev["metrics"]["all/click"]["calibration"] is not None
+        assert Path(ev["data"]) == (tmp_path / "data").resolve()  # every run on the same data
+        summaries[name] = json.loads((tmp_path / name / "train_summary.json").read_text())
+        cfg_text = (tmp_path / name / "config.toml").read_text()
+        assert f"lr = {demo.lr[name]}" in cfg_text or f"lr = {demo.lr[name]:g}" in cfg_text  # its own rate
     assert (tmp_path / "data" / "summary.json").exists()
-    assert "gem NE" in text and "dlrm NE" in text and "oracle NE" in text
+    # equal training FLOPs: each baseline's 3 x FLOPs/example x rows is GEM's to within half a batch
+    gem = summaries["gem"]
+    c_gem = 3 * gem["flops_per_example"] * gem["examples"]
+    assert summaries["dlrm"]["examples"] > 5 * gem["examples"]  # tiny DLRM: ~1/8 of GEM's FLOPs/example
+    for name in ("dlrm", "dcnv2"):
+        s = summaries[name]
+        assert abs(3 * s["flops_per_example"] * s["examples"] - c_gem) <= 3 * s["flops_per_example"] * 64
+    for col in ("gem NE", "dlrm NE", "dcnv2 NE", "gem cal", "dcnv2 cal", "oracle NE", "gap closed"):
+        assert col in text, col
+
+
+def test_equal_flops_steps_and_gap_share():
+    assert equal_flops_steps(1000, 300, 100, 100) == 30  # a third of the FLOPs/example: 3x the rows
+    assert equal_flops_steps(10, 1, 1000, 64) == 1  # at least one step
+    res = {"dlrm": {"metrics": {"all/click": {"ne": 0.9}}}, "gem": {"metrics": {"all/click": {"ne": 0.85}}},
+           "bad": {"metrics": {"all/click": {"ne": 0.95}}}}
+    g = gap_closed(res, {"all/click": 0.8})
+    assert g["gem"]["all/click"] == pytest.approx(0.5) and g["bad"]["all/click"] == pytest.approx(-0.5)
+    assert g["dlrm"]["all/click"] == 0.0
+    assert gap_closed(res, {"all/click": 0.95})["gem"]["all/click"] is None  # oracle above DLRM: undefined
+
+
+def test_demo_config_refuses_bad_values():
+    with pytest.raises(ConfigError, match="unknown model"):
+        load_demo_config(None, ['baselines=["nope"]'])
+    with pytest.raises(ConfigError, match="> 0"):
+        load_demo_config(None, ["lr.gem=0"])

@@ -12,6 +12,7 @@ from opengem.model.baselines import DCNv2Config, DINConfig, DLRMConfig
 from opengem.model.embedding import EmbeddingConfig
 from opengem.model.flops import (
     attention_flops,
+    executed_flops_per_example,
     flop_counter,
     linear_flops,
     measured_flops,
@@ -111,3 +112,24 @@ def test_sequence_length_changes_flops_of_sequence_models():
     assert model_flops(m, 12) > model_flops(m, 2)
     with pytest.raises(TypeError, match="flops_per_example"):
         model_flops(torch.nn.Linear(2, 2))
+
+
+def test_executed_flops_count_each_history_at_its_own_length():
+    schema = FeatureSchema.load(TINY)
+    torch.manual_seed(0)
+    gem = build_model(schema, ModelConfig(name="gem"))
+    batch = full_length_batch(schema, 4)
+    lengths = torch.tensor([0, 3, 3, 12])
+    for sb in batch.sequences.values():
+        sb.lengths = lengths
+    expected = sum(model_flops(gem, int(L)) for L in lengths) / 4
+    assert executed_flops_per_example(gem, [batch]) == pytest.approx(expected)
+    assert executed_flops_per_example(gem, [batch]) < model_flops(gem)
+    full = full_length_batch(schema, 4)
+    assert executed_flops_per_example(gem, [full, full]) == model_flops(gem)
+    # a model whose FLOPs do not depend on histories, and an empty input
+    dcn = build_model(schema, ModelConfig(name="dcnv2"))
+    batch.sequences = {}
+    assert executed_flops_per_example(dcn, [batch]) == model_flops(dcn)
+    with pytest.raises(ValueError, match="no examples"):
+        executed_flops_per_example(gem, [])

@@ -71,3 +71,17 @@ def test_head_without_adapter_or_trunk_and_bad_surface():
     assert logits.shape == (4, 3) and trunk.shape == (4, 6)
     with pytest.raises(ValueError, match="surface"):
         head(torch.randn(2, 6), torch.tensor([0, 2]))
+
+
+def test_parameter_names_and_shapes_are_the_checkpoint_format():
+    """The grouped head op reads the same stacked [S, ...] parameters the per-example head had: old
+    checkpoints load unchanged."""
+    head = MultiSurfaceHead(10, 3, 2, HeadConfig(hidden=[16, 8], adapter_dim=4))
+    shapes = {k: tuple(v.shape) for k, v in head.state_dict().items()}
+    assert shapes == {"trunk.0.weight": (16, 10), "trunk.0.bias": (16,), "trunk.2.weight": (8, 16),
+                      "trunk.2.bias": (8,), "adapter_down": (3, 8, 4), "adapter_down_bias": (3, 4),
+                      "adapter_up": (3, 4, 8), "out_weight": (3, 8, 2), "out_bias": (3, 2)}
+    x, surface = torch.randn(7, 10), torch.tensor([0, 1, 2, 2, 1, 0, 0])
+    other = MultiSurfaceHead(10, 3, 2, HeadConfig(hidden=[16, 8], adapter_dim=4))
+    other.load_state_dict(head.state_dict(), strict=True)
+    assert torch.equal(other(x, surface)[0], head(x, surface)[0])

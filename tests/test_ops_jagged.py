@@ -259,6 +259,16 @@ def test_every_public_op_takes_kernel_and_dispatches_or_raises():
         for bad in ("triton", "compiled", "PyTorch", ""):
             with pytest.raises(ValueError, match=r"kernel .* is not one of: pytorch"):
                 fn(*args[name], kernel=bad)
+        if name in FUSED_TWINS:  # the twin runs and agrees (tests/test_ops_fused.py checks it thoroughly)
+            c = fn(*args[name], kernel="fused")
+            for x, y in zip(a if isinstance(a, tuple) else (a,), c if isinstance(c, tuple) else (c,)):
+                torch.testing.assert_close(y, x, atol=1e-5, rtol=1e-4)
+        else:  # no silent fallback to the reference
+            with pytest.raises(ValueError, match=r"kernel 'fused' is not one of: pytorch$"):
+                fn(*args[name], kernel="fused")
+
+
+FUSED_TWINS = {"attention.rope"}
 
 
 def test_resolve_kernel():

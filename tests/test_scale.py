@@ -54,6 +54,7 @@ def test_inverse_and_efficiency_ratio_on_shifted_curves():
     xs = np.geomspace(1e9, 1e12, 6)
     fr, fo = fit_power_law(xs, ref(xs), c_min=0.4), fit_power_law(xs, other(xs), c_min=0.4)
     assert efficiency_ratios(fr, [1e10], fo, (1e9, 1e12))[0]["ratio"] == pytest.approx(4.0, rel=1e-3)
+    assert PowerLaw(a=1.0, b=0.001, c=0.5, rmse=0, n=4).inverse(0.5 + 1e-3) == math.inf  # 10^3000: overflow
 
 
 def test_efficiency_unreachable_and_non_decreasing():
@@ -147,3 +148,138 @@ def test_scale_tiny_sweep_end_to_end(tmp_path):
 
     fits = json.loads((tmp_path / "fits.json").read_text())
     assert fits["proxy"]["n"] == 9 and -1 <= fits["proxy"]["spearman"] <= 1
+
+
+# --------------------------------------------------------------------------- iso-FLOP study
+ISO_SMALL = ROOT / "configs" / "isoflop-small.toml"
+
+
+def test_isoflop_plan_arithmetic():
+    from opengem.bench.isoflop import format_plan, plan_grid, rows_for_budget
+
+    assert rows_for_budget(3e9, 1_000_000, 100) == (10, 1000)  # rows = C / (3 x fwd) = 1000
+    assert rows_for_budget(3.2e9, 1_000_000, 100) == (11, 1100)  # 1067 rows: rounded to whole batches
+    assert rows_for_budget(1e3, 1_000_000, 64) == (1, 64)  # at least one batch
+    fwd = {"a": [100_000, 200_000, 400_000], "b": [300_000, 600_000, 1_200_000]}
+    plan = plan_grid([6e8, 6e9], fwd, {"a": 10, "b": 10}, train_rows=20_000, min_steps=1)
+    assert len(plan) == 2 * 2 * 3
+    for p in plan:
+        assert abs(p.examples - p.flops_budget / (3 * p.fwd_flops)) <= 5  # within half a batch of C / 3f
+        assert p.train_flops == 3 * p.fwd_flops * p.examples and p.epochs == p.examples / 20_000
+    big = next(p for p in plan if (p.family, p.size, p.budget) == ("a", 0, 1))
+    assert (big.steps, big.examples) == (2000, 20_000)  # 10x the budget buys 10x the rows
+    assert next(p for p in plan if (p.family, p.size, p.budget) == ("b", 2, 0)).examples == 170
+    assert "12 grid runs" in format_plan(plan, lrs=3, seeds=3)  # + 2 lr + 2 x 2 seeds per family = 24
+    assert "about 24 runs" in format_plan(plan, lrs=3, seeds=3)
+    with pytest.raises(ConfigError, match="passes over"):
+        plan_grid([6e8, 6e9], fwd, {"a": 10, "b": 10}, train_rows=10_000)
+    with pytest.raises(ConfigError, match="min_steps"):
+        plan_grid([6e8], fwd, {"a": 10, "b": 10}, train_rows=20_000, min_steps=50)
+
+
+def test_mean_ci_and_percentile_interval():
+    from opengem.bench.fit import mean_ci, percentile_interval, t975
+
+    m, h = mean_ci([1.0, 2.0, 3.0])
+    assert m == 2.0 and h == pytest.approx(4.303 * 1.0 / math.sqrt(3))
+    assert math.isnan(mean_ci([1.0])[1]) and t975(100) == 1.96
+    lo, hi = percentile_interval(list(range(1, 1001)))
+    assert 20 <= lo <= 30 and 970 <= hi <= 980
+    assert percentile_interval([1.0] * 90 + [math.inf] * 10)[1] == math.inf  # never reached: no upper end
+
+
+def test_isoflop_efficiency_on_known_laws():
+    from opengem.bench.isoflop_report import efficiency_ratio, fit_frontier
+
+    cs = list(np.geomspace(1e9, 1e11, 4))
+    gem = [0.9 * c**-0.1 + 0.7 for c in cs]
+    base = [0.9 * (c / 4) ** -0.1 + 0.7 for c in cs]  # needs 4x the compute for any NE
+    f = fit_frontier(cs, base, floor=0.6)
+    assert f is not None
+    for c, ne in zip(cs, gem):
+        assert efficiency_ratio(f, ne, c) == pytest.approx(4.0, rel=2e-2)
+    assert math.isinf(efficiency_ratio(PowerLaw(1.0, 0.2, 0.95, 0, 4), 0.9, 1e9))  # asymptote above
+    assert math.isnan(efficiency_ratio(PowerLaw(1.0, -0.2, 0.5, 0, 4), 0.9, 1e9))  # rises with compute
+    assert fit_frontier(cs[:2], base[:2], 0.6) is None
+
+
+def test_isoflop_tiny_study_end_to_end_and_resume(tmp_path):
+    """One family, 2 sizes, 2 budgets, 2 seeds on a shrunk stream: rows = C / (3 x FLOPs), the best size
+    chosen on validation, the extra seed at it, outputs written; a second call trains nothing."""
+    import json
+
+    from opengem.bench.isoflop import load_isoflop_config, run_study
+
+    cfg = load_isoflop_config(ISO_SMALL, ["budgets=[1.0e8, 4.0e8]", "seeds=2", "lr_grid=[]", "lr_check=false",
+                                          "bootstrap=20", "min_steps=2"], ["dlrm"])
+    cfg.families[0].sizes = cfg.families[0].sizes[:2]
+    extra = ["data.sim.rows=8000", "data.eval_batch_size=4096"]
+    res = run_study(cfg, tmp_path, run_overrides=extra, log=lambda m: None)
+    for f in ("isoflop.json", "isoflop_runs.csv", "isoflop.png", "isoflop.toml"):
+        assert (tmp_path / f).stat().st_size > 0, f
+    on_disk = json.loads((tmp_path / "isoflop.json").read_text())
+    assert on_disk["train_rows"] == res["train_rows"] == 8000 * 6 // 8
+    fr = res["frontier"]["dlrm"]
+    assert len(fr) == 2 and all(p["seeds"] == 2 and len(p["ne_seeds"]) == 2 for p in fr)
+    for b, p in enumerate(fr):
+        curve = res["isoflop_curves"]["dlrm"][b]
+        assert [q["size"] for q in curve] == [0, 1]
+        assert p["size"] == min(curve, key=lambda q: q["valid_ne"])["size"]  # chosen on validation
+        for q in curve:
+            assert abs(q["examples"] - cfg.budgets[b] / (3 * q["fwd_flops"])) <= 64 / 2  # batch 64
+        assert set(p["calibration"]["pooled"]) == {"all/click", "all/conversion"}
+        assert p["calibration"]["cells"] and p["calibration"]["cell_range"][0] > 0
+    assert res["lr"]["chosen"]["dlrm"] is None  # lr_grid = []: the recipe's rate
+    assert res["runs_trained_now"] == res["runs"] == 2 * 2 + 2 * 1
+    again = run_study(cfg, tmp_path, run_overrides=extra, log=lambda m: None)
+    from opengem.bench.isoflop_report import json_safe
+
+    assert again["runs_trained_now"] == 0 and json_safe(again["frontier"]) == json_safe(res["frontier"])
+
+
+def test_isoflop_cli_errors(capsys):
+    from cli_helpers import one_error_line, run_cli
+
+    rc, err = run_cli(capsys, ["scale", "--design", "sweep"])
+    assert rc == 2 and "--config" in one_error_line(err, "scale")
+    rc, err = run_cli(capsys, ["scale", "--design", "isoflop", "--budget", "small", "--families", "gem,nope"])
+    assert rc == 2 and "nope" in one_error_line(err, "scale")
+
+
+@pytest.mark.slow
+def test_isoflop_small_budget(tmp_path, capsys):
+    """The `--budget small` study through the CLI (minutes): every family's frontier, law and ratio, the
+    lr grid and its transfer check; a run whose result is lost (a killed study) is retrained alone."""
+    import json
+
+    from opengem.cli import main
+
+    argv = ["scale", "--design", "isoflop", "--budget", "small", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    res = json.loads((tmp_path / "isoflop.json").read_text())
+    for fam, grid in res["lr"]["grid"].items():
+        assert len(grid) == 3 and res["lr"]["chosen"][fam] == float(min(grid, key=grid.get))
+        assert format(res["lr"]["chosen"][fam], "g") in res["lr"]["check_largest_budget"][fam]
+    assert set(res["frontier"]) == {"gem", "dcnv2", "dlrm", "wukong"}
+    assert all(len(fr) == 4 and all(p["seeds"] == 3 for p in fr) for fr in res["frontier"].values())
+    assert res["budgets"][-1] / res["budgets"][0] >= 30
+    assert set(res["efficiency"]) == {"dcnv2", "dlrm", "wukong"}
+    assert "frontier" in capsys.readouterr().out
+    sorted((tmp_path / "runs").glob("*/result.json"))[0].unlink()
+    assert main(argv) == 0
+    assert json.loads((tmp_path / "isoflop.json").read_text())["runs_trained_now"] == 1
+
+
+@pytest.mark.parametrize("budget", ["small", "default", "large"])
+def test_isoflop_configs_load_and_round_trip(tmp_path, budget):
+    from opengem.bench.isoflop import default_config_path, load_isoflop_config
+    from opengem.config import save_config
+
+    cfg = load_isoflop_config(default_config_path(budget))
+    assert len(cfg.budgets) >= 4 and cfg.budgets[-1] / cfg.budgets[0] >= 30 and cfg.seeds >= 3
+    assert [f.name for f in cfg.families] == ["gem", "dcnv2", "dlrm", "wukong"]  # run_families
+    assert all(len(size_overrides(f)) >= 3 for f in cfg.families)
+    save_config(cfg, tmp_path / "iso.toml")
+    assert load_isoflop_config(tmp_path / "iso.toml") == cfg
+    with_din = load_isoflop_config(default_config_path(budget), families=["gem", "din"])
+    assert [f.name for f in with_din.families] == ["gem", "din"]

@@ -1,13 +1,17 @@
-"""Peer comparison: DCNv2 in FuxiCTR, torch-rechub and DeepCTR-Torch vs opengem's DCNv2 and GEM.
+"""Peer comparison: DCNv2 in TorchRec (DMP + fused row-wise Adagrad, and plain modules), FuxiCTR,
+torch-rechub and DeepCTR-Torch vs opengem's DCNv2 and GEM.
 
 One dataset for all: the opengem simulator (default 200k rows over 5 days), sequences and multi-valued
 features dropped, single task (click), the last day held out as the test set. The peers read it as
-Parquet (sparse ids, dense floats, label) in their own venvs (benchmarks/peers/setup.sh); opengem trains
-on the same rows as a canonical dataset through `opengem train`. Same embedding dim, cross layers, MLP
-widths, batch size, one epoch. Prints a table of examples/s, peak memory (process peak RSS) and test AUC;
-a peer that is not installed or fails is a row saying why.
+Parquet (sparse ids, dense floats, label) in their own venvs (benchmarks/peers/setup.sh); TorchRec's rows
+run in opengem's venv (peer_torchrec.py); opengem trains on the same rows as a canonical dataset through
+`opengem train`. Same embedding dim, cross layers, MLP widths, batch size, one epoch. ``--repeats N``
+runs every row N times, interleaved (round r trains each library once), and the table gives the median
+examples/s with the range, and the load average around each round; a peer that is not installed or fails
+is a row saying why.
 
-    .venv/bin/python benchmarks/peers/run.py [--rows 200000] [--work /tmp/opengem-peers]
+    .venv/bin/python benchmarks/peers/run.py [--rows 200000] [--repeats 6] [--work /tmp/opengem-peers]
+    .venv/bin/python benchmarks/peers/run.py --rows 20000 --batch-size 512 --repeats 1   # a quick check
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -26,7 +31,8 @@ import pyarrow.parquet as pq
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
-PEERS = ("fuxictr", "torch-rechub", "deepctr-torch")
+PEERS = ("torchrec-dmp", "torchrec", "fuxictr", "torch-rechub", "deepctr-torch")
+IN_OUR_VENV = ("torchrec-dmp", "torchrec")  # TorchRec is already in opengem's venv: peer_torchrec.py
 LABEL = "click"  # the click task's label column in canonical Parquet
 
 
@@ -97,15 +103,19 @@ def peer_files(flat: Path, schema: dict, work: Path, args: argparse.Namespace) -
 
 
 def run_peer(lib: str, data: Path, work: Path, timeout: int) -> dict:
-    venv = REPO / ".peers" / lib
-    py = venv / "bin" / "python"
-    if (venv / "SKIPPED").exists():
-        return {"lib": lib, "skipped": "install failed: " + (venv / "SKIPPED").read_text().strip()[-300:]}
-    if not (venv / "READY").exists() or not py.exists():
-        return {"lib": lib, "skipped": f"not installed (run bash benchmarks/peers/setup.sh {lib})"}
     out = work / f"result-{lib}.json"
+    if lib in IN_OUR_VENV:
+        cmd = [sys.executable, str(HERE / "peer_torchrec.py"), "--lib", lib, "--data", str(data), "--out",
+               str(out)]
+    else:
+        venv = REPO / ".peers" / lib
+        py = venv / "bin" / "python"
+        if (venv / "SKIPPED").exists():
+            return {"lib": lib, "skipped": "install failed: " + (venv / "SKIPPED").read_text().strip()[-300:]}
+        if not (venv / "READY").exists() or not py.exists():
+            return {"lib": lib, "skipped": f"not installed (run bash benchmarks/peers/setup.sh {lib})"}
+        cmd = [str(py), str(HERE / "peer_dcnv2.py"), "--lib", lib, "--data", str(data), "--out", str(out)]
     out.unlink(missing_ok=True)
-    cmd = [str(py), str(HERE / "peer_dcnv2.py"), "--lib", lib, "--data", str(data), "--out", str(out)]
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -159,16 +169,35 @@ def run_opengem(model: str, flat: Path, work: Path, args: argparse.Namespace) ->
             "test_rows": ev.get("rows")}
 
 
+def summarize(lib: str, runs: list[dict]) -> dict:
+    """One row per library from its repeats: median examples/s (and range), the median run's other numbers."""
+    ok = [r for r in runs if "skipped" not in r]
+    if not ok:
+        return runs[-1] if runs else {"lib": lib, "skipped": "not run"}
+    ok.sort(key=lambda r: r["examples_per_s"])
+    rates = [r["examples_per_s"] for r in ok]
+    return {**ok[(len(ok) - 1) // 2], "examples_per_s": statistics.median(rates),
+            "min_examples_per_s": rates[0], "max_examples_per_s": rates[-1], "repeats": len(ok),
+            "failed_repeats": len(runs) - len(ok)}
+
+
 def table(results: list[dict]) -> str:
-    head = (f"{'library':<16}{'examples/s':>12}{'peak RSS MiB':>14}{'test AUC':>10}{'logloss':>9}"
-            f"{'train s':>9}")
+    head = (f"{'library':<16}{'examples/s':>12}{'x best peer':>12}{'range':>16}{'n':>3}{'peak RSS MiB':>14}"
+            f"{'test AUC':>10}{'logloss':>9}{'train s':>9}")
     lines = [head, "-" * len(head)]
+    peers = [r["examples_per_s"] for r in results
+             if "skipped" not in r and not r["lib"].startswith("opengem")]
+    best = max(peers, default=None)
     for r in results:
         if "skipped" in r:
             lines.append(f"{r['lib']:<16}skipped: {r['skipped'].splitlines()[-1] if r['skipped'] else ''}")
             continue
-        lines.append(f"{r['lib']:<16}{r['examples_per_s']:>12,.0f}{r['peak_rss_mib']:>14,.0f}"
-                     f"{r['test_auc']:>10.4f}{r['test_logloss']:>9.4f}{r['train_seconds']:>9.1f}")
+        lo = r.get("min_examples_per_s", r["examples_per_s"])
+        hi = r.get("max_examples_per_s", r["examples_per_s"])
+        ratio = f"{r['examples_per_s'] / best:>12.2f}" if best else f"{'-':>12}"
+        lines.append(f"{r['lib']:<16}{r['examples_per_s']:>12,.0f}{ratio}{f'{lo:,.0f}-{hi:,.0f}':>16}"
+                     f"{r.get('repeats', 1):>3}{r['peak_rss_mib']:>14,.0f}{r['test_auc']:>10.4f}"
+                     f"{r['test_logloss']:>9.4f}{r['train_seconds']:>9.1f}")
     return "\n".join(lines)
 
 
@@ -178,15 +207,18 @@ def main() -> int:
     ap.add_argument("--days", type=int, default=5, help="the last day is the test set")
     ap.add_argument("--emb-dim", type=int, default=16)
     ap.add_argument("--cross-layers", type=int, default=3)
-    ap.add_argument("--mlp", type=lambda s: [int(x) for x in s.split(",")], default=[256, 128])
-    ap.add_argument("--batch-size", type=int, default=1024)
+    ap.add_argument("--mlp", type=lambda s: [int(x) for x in s.split(",")], default=[400, 400, 400])
+    ap.add_argument("--batch-size", type=int, default=4096)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--peers", default=",".join(PEERS), help="comma-separated subset (or '' for none)")
     ap.add_argument("--opengem", default="dcnv2,gem", help="opengem models to train ('' for none)")
     ap.add_argument("--work", type=Path, default=Path("/tmp/opengem-peers"))
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per training")
+    ap.add_argument("--repeats", type=int, default=1, help="interleaved rounds; the table gives the median")
     args = ap.parse_args()
+    if args.repeats < 1:
+        ap.error(f"--repeats must be >= 1 (got {args.repeats})")
     args.work.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     sim = simulate_data(args.work, args.rows, args.days, args.emb_dim)
@@ -196,18 +228,31 @@ def main() -> int:
     print(f"data: {spec['rows']} rows ({len(spec['sparse'])} sparse incl. surface, "
           f"{len(spec['dense'])} dense, label {LABEL}) in {time.perf_counter() - t0:.0f}s -> {data}",
           flush=True)
-    results = []
-    for lib in [p for p in args.peers.split(",") if p]:
-        print(f"training {lib} ...", flush=True)
-        results.append(run_peer(lib, data, args.work, args.timeout))
-    for model in [m for m in args.opengem.split(",") if m]:
-        print(f"training opengem {model} ...", flush=True)
-        results.append(run_opengem(model, flat, args.work, args))
+    libs = [p for p in args.peers.split(",") if p]
+    models = [m for m in args.opengem.split(",") if m]
+    runs: dict[str, list[dict]] = {name: [] for name in [*libs, *(f"opengem {m}" for m in models)]}
+    loads = []
+    for rnd in range(args.repeats):
+        loads.append({"round": rnd, "before": os.getloadavg()})
+        for lib in libs:
+            if runs[lib] and "skipped" in runs[lib][-1] and "not installed" in runs[lib][-1]["skipped"]:
+                continue
+            print(f"round {rnd + 1}/{args.repeats}: training {lib} ...", flush=True)
+            runs[lib].append({**run_peer(lib, data, args.work, args.timeout), "loadavg": os.getloadavg()})
+        for model in models:
+            print(f"round {rnd + 1}/{args.repeats}: training opengem {model} ...", flush=True)
+            runs[f"opengem {model}"].append({**run_opengem(model, flat, args.work, args),
+                                             "loadavg": os.getloadavg()})
+        loads[-1]["after"] = os.getloadavg()
+    results = [summarize(name, rs) for name, rs in runs.items()]
     load = os.getloadavg()
-    report = {"spec": spec, "results": results, "loadavg": load, "cpus": os.cpu_count()}
+    report = {"spec": spec, "results": results, "runs": runs, "loadavg_rounds": loads, "loadavg": load,
+              "cpus": os.cpu_count()}
     (args.work / "peers.json").write_text(json.dumps(report, indent=2))
     print()
     print(table(results))
+    print("x best peer: median examples/s over the fastest non-opengem row's median; load average (1 min) "
+          "before each round: " + ", ".join(f"{x['before'][0]:.2f}" for x in loads))
     print(f"\nload average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} CPUs "
           f"(shared machine); details: {args.work / 'peers.json'}")
     return 0

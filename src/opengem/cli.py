@@ -42,8 +42,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "evaluate": ("opengem.train.evaluate", "evaluate a run: NE, AUC, calibration per surface x task"),
     "predict": ("opengem.train.predict", "score rows with a trained run: example_id, surface, one "
                 "probability per task -> Parquet"),
+    "export": ("opengem.serve.export_cli", "export a trained run for serving: weights + data contract, "
+               "torch.export program, AOTInductor package"),
     "generate": ("opengem.transfer.generate", "knowledge generation: FM soft labels and embeddings"),
     "transfer": ("opengem.transfer.experiment", "the FM -> VM transfer experiment"),
+    "distill": ("opengem.transfer.distill_cli", "train a vertical model from an FM run by distillation"),
+    "serve": ("opengem.serve.serve_cli", "serve a model over HTTP: JSON/Arrow, dynamic batching, hot swap"),
     "bench": ("opengem.bench.cli", "throughput, MFU, memory and start-up benchmarks"),
     "scale": ("opengem.bench.scale", "scaling-law sweeps"),
     "report": ("opengem.bench.report", "HTML report of runs"),

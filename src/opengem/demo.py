@@ -1,8 +1,13 @@
-"""``make demo``: simulate -> train GEM -> train DLRM on the same data -> evaluate both -> one table.
+"""``make demo``: simulate -> train GEM and the baselines (DLRM, DCNv2) at equal training FLOPs -> one table.
 
-Runs in a few minutes on a 2-core CPU with configs/small.toml and leaves everything under runs/demo/
-(data/, gem/, dlrm/ with eval.json each), so a newcomer can open the run folders, TensorBoard logs and
-checkpoints afterwards. ``--config configs/tiny.toml`` is the seconds-long smoke test.
+Every model trains on the same simulated data for the same training compute: GEM reads the recipe's rows,
+each baseline reads rows = GEM's rows x GEM's forward FLOPs/example / its own (as ``opengem scale --design
+isoflop`` does), each at its own learning rate from configs/isoflop-demo.toml. The table sets NE, AUC and
+calibration (mean prediction / observed rate) per surface x task and pooled beside the oracle NE (the
+simulator knows the true probabilities, so that is the floor), and the share of the DLRM -> oracle NE gap
+each model closes. Runs in a few minutes on a 2-core CPU with configs/small.toml and leaves everything
+under runs/demo/ (data/ and one run folder per model with eval.json), so a newcomer can open the run
+folders, TensorBoard logs and checkpoints afterwards. ``--config configs/tiny.toml`` is the smoke test.
 """
 
 from __future__ import annotations
@@ -11,34 +16,101 @@ import argparse
 import copy
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
+GAP_BASE = "dlrm"  # the gap closed is measured from this model's NE to the oracle's
+
+
+@dataclass
+class DemoConfig:
+    """configs/isoflop-demo.toml: the baselines beside GEM and every model's dense learning rate."""
+
+    baselines: list[str] = field(default_factory=lambda: ["dlrm", "dcnv2"])
+    lr: dict[str, float] = field(default_factory=dict)  # model -> train.lr; a model not listed: the recipe's
+    equal_flops: bool = True  # baselines train for GEM's training FLOPs (false: the recipe's rows each)
+
+
+def _repo_file(name: str) -> Path:
+    for p in (REPO / "configs" / name, Path("configs") / name):
+        if p.exists():
+            return p
+    raise FileNotFoundError(f"configs/{name} not found: run from the repository root or pass it explicitly")
 
 
 def default_config() -> Path:
-    for p in (REPO / "configs" / "small.toml", Path("configs/small.toml")):
-        if p.exists():
-            return p
-    raise FileNotFoundError("configs/small.toml not found: run from the repository root or pass --config")
+    return _repo_file("small.toml")
+
+
+def load_demo_config(path: str | Path | None, overrides: list[str]) -> DemoConfig:
+    from opengem.config import ConfigError, load_config
+    from opengem.model.registry import MODEL_NAMES
+
+    cfg = load_config(DemoConfig, path or _repo_file("isoflop-demo.toml"), overrides)
+    for name in ["gem", *cfg.baselines, *cfg.lr]:
+        if name not in MODEL_NAMES:
+            raise ConfigError(f"demo config: unknown model {name!r} (choose from {', '.join(MODEL_NAMES)})")
+    bad = {k: v for k, v in cfg.lr.items() if not v > 0}
+    if bad:
+        raise ConfigError(f"demo config: lr must be > 0 (got {bad})")
+    return cfg
+
+
+def equal_flops_steps(gem_examples: int, gem_flops: int, flops: int, batch_size: int) -> int:
+    """Steps that give a model of ``flops`` forward FLOPs/example GEM's training FLOPs (whole batches)."""
+    return max(1, round(gem_examples * gem_flops / flops / batch_size))
+
+
+def gap_closed(results: dict[str, dict[str, Any]], oracle: dict[str, Any], base: str = GAP_BASE
+               ) -> dict[str, dict[str, float | None]]:
+    """Per model and key: (NE_base - NE_model) / (NE_base - NE_oracle); None where undefined."""
+    out: dict[str, dict[str, float | None]] = {}
+    for name, r in results.items():
+        row: dict[str, float | None] = {}
+        for k, m in r["metrics"].items():
+            nb, no, ne = results[base]["metrics"].get(k, {}).get("ne"), oracle.get(k), m.get("ne")
+            defined = nb is not None and no is not None and ne is not None and nb > no
+            row[k] = (nb - ne) / (nb - no) if defined else None  # type: ignore[operator]
+        out[name] = row
+    return out
+
+
+def format_gap(gaps: dict[str, dict[str, float | None]], base: str = GAP_BASE) -> str:
+    keys = sorted({k for g in gaps.values() for k in g}, key=lambda k: (not k.startswith("all/"), k))
+    names = [n for n in gaps if n != base]
+    lines = [f"share of the {base} -> oracle NE gap closed (100 % = oracle, 0 % = {base}, < 0 = worse than "
+             f"{base})", f"{'surface/task':<24}" + "".join(f"{n:>10}" for n in names)]
+    for k in keys:
+        lines.append(f"{k:<24}" + "".join(
+            f"{(f'{gaps[n][k]:.1%}' if gaps[n].get(k) is not None else '-'):>10}" for n in names))
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m opengem.demo", description=__doc__.splitlines()[0])
     p.add_argument("--config", default=None, help="recipe (default: configs/small.toml)")
     p.add_argument("--out", default="runs/demo", help="output folder (default: runs/demo)")
-    p.add_argument("--baseline", default="dlrm", help="baseline model name (dlrm, dcnv2, din, wukong)")
-    p.add_argument("overrides", nargs="*", metavar="section.key=value", help="applied to both runs")
+    p.add_argument("--demo-config", default=None, help="baselines and learning rates "
+                   "(default: configs/isoflop-demo.toml)")
+    p.add_argument("--set", dest="demo_overrides", action="append", default=[],
+                   help="override a demo-config key, e.g. --set lr.dcnv2=3e-3 or "
+                        "--set 'baselines=[\"dlrm\"]'")
+    p.add_argument("overrides", nargs="*", metavar="section.key=value", help="applied to every run")
     args = p.parse_args(argv)
     import warnings
 
     warnings.filterwarnings("ignore", category=FutureWarning)  # TorchRec/DCP deprecation notices
 
+    from opengem.data.dataset import Dataset
+    from opengem.model.registry import build_model
     from opengem.train.config import load_run_config
     from opengem.train.data import prepare_data
     from opengem.train.evaluate import evaluate_run, format_metrics
     from opengem.train.trainer import train
 
+    demo = load_demo_config(args.demo_config, args.demo_overrides)
     config = Path(args.config) if args.config else default_config()
     cfg = load_run_config(config, args.overrides)
     out = Path(args.out)
@@ -49,32 +121,48 @@ def main(argv: list[str] | None = None) -> int:
     data = prepare_data(cfg.data, out, None)
     timings["data"] = time.perf_counter() - t0
     print(f"[demo] data: {data} ({timings['data']:.1f}s)", flush=True)
+    schema = Dataset(data).schema
 
-    results = {}
-    for name in ("gem", args.baseline):
+    results, compute = {}, {}
+    gem_examples = gem_flops = 0
+    for name in dict.fromkeys(["gem", *demo.baselines]):
         run_cfg = copy.deepcopy(cfg)
         run_cfg.model.name = name
         run_cfg.train.final_eval = False  # evaluate_run below does it once, with the oracle
+        run_cfg.train.lr = demo.lr.get(name, run_cfg.train.lr)
+        if name != "gem" and demo.equal_flops:
+            flops = int(build_model(schema, run_cfg.model).flops_per_example())
+            run_cfg.train.steps = equal_flops_steps(gem_examples, gem_flops, flops, run_cfg.data.batch_size)
         t0 = time.perf_counter()
         summary = train(run_cfg, out / name, data, force=True)  # a rerun replaces the last demo
         timings[f"train {name}"] = time.perf_counter() - t0
-        flops = summary["flops_per_example"]
-        print(f"[demo] trained {name}: {summary['steps']} steps, {summary['examples_per_s']:,.0f} ex/s, "
-              f"loss {summary['first_loss']:.4f} -> {summary['last_loss']:.4f}, "
-              f"{(flops or 0) / 1e6:.2f} MFLOP/example ({timings[f'train {name}']:.1f}s)", flush=True)
+        flops = summary["flops_per_example"] or 0
+        if name == "gem":
+            gem_examples, gem_flops = summary["examples"], flops
+        compute[name] = 3.0 * flops * summary["examples"]
+        print(f"[demo] trained {name} (lr {run_cfg.train.lr:g}): {summary['steps']} steps, "
+              f"{summary['examples']:,} rows x {flops / 1e6:.2f} MFLOP/example = {compute[name]:.3g} "
+              f"training FLOPs, {summary['examples_per_s']:,.0f} ex/s, loss {summary['first_loss']:.4f} -> "
+              f"{summary['last_loss']:.4f} ({timings[f'train {name}']:.1f}s)", flush=True)
         t0 = time.perf_counter()
         results[name] = evaluate_run(out / name, data)
         timings[f"eval {name}"] = time.perf_counter() - t0
 
     oracle = results["gem"].get("oracle")
     print()
-    print(f"NE (lower is better; 1.0 = predicting the base rate) and AUC on {results['gem']['partitions']}")
+    print(f"NE (lower is better; 1.0 = predicting the base rate), AUC and calibration (cal = mean prediction "
+          f"/ observed rate, 1.0 = right on average) on {results['gem']['partitions']}; training FLOPs "
+          + ", ".join(f"{n} {c:.3g}" for n, c in compute.items()))
     print(format_metrics(results, oracle))
+    if oracle and GAP_BASE in results:
+        print()
+        print(format_gap(gap_closed(results, oracle)))
     print()
     print("NE base rate: " + results["gem"]["ne_base_rate"])
     print("time: " + ", ".join(f"{k} {v:.1f}s" for k, v in timings.items())
           + f", total {sum(timings.values()):.1f}s")
-    print(f"runs: {out}/gem, {out}/{args.baseline} (eval.json, metrics.jsonl, tb/, checkpoints/)")
+    print("runs: " + ", ".join(f"{out}/{n}" for n in results)
+          + " (eval.json, metrics.jsonl, tb/, checkpoints/)")
     return 0
 
 

@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from opengem.bench.serve_bench import add_serve_arguments, run_serve
 from opengem.errors import OpengemError, UsageError
 
 
@@ -49,6 +50,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     t.add_argument("--peak-n", type=int, default=None, help="matmul size for the peak (CPU 1024, GPU 4096)")
     t.add_argument("--json", action="store_true", help="print JSON instead of the table")
     t.add_argument("overrides", nargs="*", metavar="section.key=value")
+    add_serve_arguments(sub)
 
 
 def bench_rows_needed(cfg: Any, pool: int) -> int:
@@ -63,17 +65,22 @@ def format_table(results: list[dict[str, Any]]) -> str:
     head = (f"device {r0['device']}, threads {r0['threads']}, batch {r0['batch_size']}, "
             f"{r0['windows']} windows x {r0['steps']} steps after {r0['warmup']} warm-up, "
             f"load average {r0['load_average']}")
-    cols = (f"{'model':<8}{'fwd MFLOP/ex':>13}{'examples/s':>12}{'x first':>8}{'GFLOP/s':>9}"
-            f"{'peak GFLOP/s':>13}{'MFU':>8}{'MFU meas.':>10}{'peak MB':>9}{'1st step s':>11}")
+    cols = (f"{'model':<8}{'prec':>5}{'fwd MFLOP/ex':>13}{'examples/s':>12}{'x first':>8}{'GFLOP/s':>9}"
+            f"{'peak GFLOP/s':>13}{'MFU':>8}{'MFU full':>9}{'peak MB':>9}{'1st step s':>11}{'loader x':>9}")
     lines = [head, cols, "-" * len(cols)]
     for r in results:
+        loader = r.get("loader_examples_per_s")
+        fwd = r["executed_fwd_flops_per_example"]
         lines.append(
-            f"{r['model']:<8}{r['fwd_flops_per_example'] / 1e6:>13.3f}{r['examples_per_s']:>12,.0f}"
-            f"{r['examples_per_s'] / r0['examples_per_s']:>8.2f}{r['achieved_flops'] / 1e9:>9.2f}"
-            f"{r['peak_flops'] / 1e9:>13.1f}{r['mfu']:>8.2%}{r['mfu_measured_flops']:>10.2%}"
-            f"{r['peak_mem_mb']:>9.1f}{r['time_to_first_step_s']:>11.2f}")
-    lines.append("FLOPs/example = 3 x analytic forward at full sequence length (fwd+bwd); 'MFU meas.' uses "
-                 "FlopCounterMode on a real batch. Peak: best fp32 (CPU) / bf16 (GPU) matmul, same process.")
+            f"{r['model']:<8}{r.get('precision', 'fp32'):>5}{fwd / 1e6:>13.3f}"
+            f"{r['examples_per_s']:>12,.0f}{r['examples_per_s'] / r0['examples_per_s']:>8.2f}"
+            f"{r['achieved_flops'] / 1e9:>9.2f}{r['peak_flops'] / 1e9:>13.1f}{r['mfu']:>8.2%}"
+            f"{r['mfu_full']:>9.2%}{r['peak_mem_mb']:>9.1f}{r['time_to_first_step_s']:>11.2f}"
+            f"{loader / r['examples_per_s'] if loader else float('nan'):>9.1f}")
+    lines.append("FLOPs/example = 3 x analytic forward (fwd+bwd) at each example's real history length; "
+                 "'MFU full' counts every history at max_len. Peak: best matmul in the run's precision, same "
+                 "process.")
+    lines.append("loader x = loader examples/s (reading + moving batches, same run) / training examples/s")
     lines.append(f"peak memory: {r0['peak_mem_method']}")
     return "\n".join(lines)
 
@@ -91,6 +98,8 @@ def check_args(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     from opengem.train.config import load_run_config
 
+    if args.mode == "serve":
+        return run_serve(args)
     check_args(args)
     return run_train(args, load_run_config(args.config, args.overrides))
 

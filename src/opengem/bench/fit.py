@@ -43,7 +43,8 @@ class PowerLaw:
             raise ValueError("power law does not decrease with x (b <= 0 or a <= 0): no inverse")
         if y <= self.c:
             return math.inf
-        return float(((y - self.c) / self.a) ** (-1.0 / self.b))
+        log_x = -math.log((y - self.c) / self.a) / self.b  # in logs: a flat law can need 10^400 FLOPs
+        return math.exp(log_x) if log_x < 700 else math.inf
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -161,3 +162,42 @@ def spearman(u: Sequence[float], v: Sequence[float]) -> float:
     ru, rv = ru - ru.mean(), rv - rv.mean()
     den = math.sqrt(float((ru**2).sum() * (rv**2).sum()))
     return float((ru * rv).sum() / den) if den > 0 else float("nan")
+
+
+# two-sided 95 % Student t quantiles (t_0.975) for 1..30 degrees of freedom; beyond 30 the normal 1.96 is
+# within 2 % (a table instead of scipy, which opengem does not otherwise need)
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
+         2.045, 2.042)
+
+
+def t975(df: int) -> float:
+    """The 97.5 % quantile of Student's t with ``df`` degrees of freedom (df >= 1)."""
+    if df < 1:
+        raise ValueError(f"t975: need df >= 1 (got {df})")
+    return _T975[df - 1] if df <= len(_T975) else 1.96
+
+
+def mean_ci(values: Sequence[float]) -> tuple[float, float]:
+    """(mean, half-width of its 95 % t interval); the half-width is NaN for a single value.
+
+    Seeds are few (3-5), so the t quantile, not 1.96: with 3 seeds the interval is 2.2x wider than a
+    normal one would claim.
+    """
+    v = np.asarray([x for x in values if x is not None and math.isfinite(x)], dtype=np.float64)
+    if v.size == 0:
+        return float("nan"), float("nan")
+    if v.size == 1:
+        return float(v[0]), float("nan")
+    return float(v.mean()), t975(v.size - 1) * float(v.std(ddof=1)) / math.sqrt(v.size)
+
+
+def percentile_interval(samples: Sequence[float], level: float = 0.95) -> tuple[float, float]:
+    """Central bootstrap percentile interval; infinite samples (an unreachable NE) sort last, so the upper
+    end is inf when more than (1 - level) / 2 of the resamples never reach it."""
+    s = np.sort(np.asarray(samples, dtype=np.float64))
+    s = s[~np.isnan(s)]
+    if s.size == 0:
+        return float("nan"), float("nan")
+    lo_q, hi_q = (1 - level) / 2, 1 - (1 - level) / 2
+    return float(np.quantile(s, lo_q, method="lower")), float(np.quantile(s, hi_q, method="higher"))

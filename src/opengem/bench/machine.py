@@ -2,7 +2,8 @@
 
 MFU is only meaningful against a peak measured in the same process, with the same thread count, at the
 same moment (these machines are shared and noisy), so the benchmark measures its own peak: the median of
-a few large square matmuls, float32 on CPU and bf16 on GPU.
+a few large square matmuls in the dtype the model's matmuls run in: under ``train.precision = "bf16"``
+a bf16 peak (AMX on CPU: about 7x the fp32 one), so a bf16 run is never flattered by the fp32 peak.
 """
 
 from __future__ import annotations
@@ -23,16 +24,22 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def matmul_peak(device: torch.device, n: int | None = None, repeats: int = 7) -> dict[str, float | int | str]:
-    """FLOP/s of n^3 matmuls (2 n^3 FLOPs each): float32 1024^3 on CPU, bf16 4096^3 on GPU.
+PEAK_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}  # train.precision -> dtype of the peak
+
+
+def matmul_peak(device: torch.device, n: int | None = None, repeats: int = 7,
+                precision: str = "fp32") -> dict[str, float | int | str]:
+    """FLOP/s of n^3 matmuls (2 n^3 FLOPs each) in ``precision`` (fp32 | bf16): n = 1024 on CPU, 4096 on GPU.
 
     ``peak_flops`` is the best of ``repeats`` (on a shared machine other work only ever slows a matmul
     down, so the fastest is the closest to what the hardware does); the median is reported beside it.
+    fp32 on GPU is true fp32 unless the process enabled TF32 (``torch.backends.cuda.matmul``), as the
+    model's own matmuls.
     """
-    if device.type == "cuda":
-        n, dtype = n or 4096, torch.bfloat16
-    else:
-        n, dtype = n or 1024, torch.float32
+    if precision not in PEAK_DTYPES:
+        raise ValueError(f"matmul_peak: precision {precision!r} is not one of {', '.join(PEAK_DTYPES)}")
+    dtype = PEAK_DTYPES[precision]
+    n = n or (4096 if device.type == "cuda" else 1024)
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
     for _ in range(2):

@@ -23,6 +23,7 @@ from opengem.bench.report_data import (
     load_inputs,
     metric_keys,
 )
+from opengem.bench.report_serve import serve_section
 from opengem.config import flatten_dict
 from opengem.errors import UsageError
 
@@ -306,6 +307,9 @@ def build_report(paths: list[str | Path]) -> str:
             ("throughput", "Throughput and memory", _throughput(runs)),
             ("config", "Resolved config", _config(runs)),
         ]
+        serving = serve_section([(r.name, r.path) for r in runs])
+        if serving:  # a run measured with `opengem bench serve`: before the config
+            sections.insert(-1, ("serving", "Serving latency (opengem bench serve)", serving))
     if sweeps:
         sections.append(("scaling", "Scaling", _scaling(sweeps)))
     stamp = _dt.datetime.now().strftime("%Y-%m-%d %H:%M")

@@ -10,6 +10,9 @@ seen (forward + backward = 3 forwards, the usual convention).
 Outputs: OUT/sweep.toml (resolved sweep), OUT/runs/<family>-<i>[-proxy]/ (each training run),
 OUT/scaling.csv, OUT/fits.json, OUT/scaling.png. A finished run (its result.json matches its resolved
 config) is reused, so an interrupted sweep resumes where it stopped.
+
+``--design isoflop`` runs the compute-optimal study instead (bench/isoflop.py): fixed training budgets,
+rows = budget / FLOPs per example, a learning rate per family, seeds at each budget's best size.
 """
 
 from __future__ import annotations
@@ -17,7 +20,6 @@ from __future__ import annotations
 import argparse
 import csv
 import hashlib
-import itertools
 import json
 import math
 import sys
@@ -29,18 +31,11 @@ from typing import Any
 import numpy as np
 
 from opengem.bench.fit import PowerLaw, efficiency_ratios, fit_power_law, spearman
-from opengem.config import ConfigError, flatten_dict, load_config, save_config, to_dict
+from opengem.bench.size_ladder import FamilySweep, metric_keys, oracle_with_totals, select_ne, size_overrides
+from opengem.config import ConfigError, load_config, save_config, to_dict
+from opengem.errors import UsageError
 
 FIT_FORMS = ("free", "floor")
-
-
-@dataclass
-class FamilySweep:
-    name: str = ""
-    model: str = ""  # model.name of every run ("" = name)
-    overrides: list[str] = field(default_factory=list)  # applied to every size of this family
-    grid: dict[str, Any] = field(default_factory=dict)  # knob -> values: the cartesian product is the sizes
-    sizes: list[dict[str, Any]] = field(default_factory=list)  # explicit sizes: tables of knob = value
 
 
 @dataclass
@@ -99,55 +94,7 @@ def validate_sweep(cfg: SweepConfig, where: str = "sweep") -> None:
 
 
 
-def _literal(v: Any) -> str:
-    """A value as a TOML literal for a dotted override."""
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, str):
-        return json.dumps(v)
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_literal(x) for x in v) + "]"
-    return repr(v)
-
-
-def size_overrides(fam: FamilySweep) -> list[list[str]]:
-    """One override list per size: the explicit sizes, then the grid's cartesian product."""
-    sizes = [[f"{k}={_literal(v)}" for k, v in flatten_dict(s).items()] for s in fam.sizes]
-    grid = flatten_dict(fam.grid)
-    if grid:
-        keys = list(grid)
-        values = [v if isinstance(v, list) else [v] for v in grid.values()]
-        for combo in itertools.product(*values):
-            sizes.append([f"{k}={_literal(v)}" for k, v in zip(keys, combo)])
-    return sizes
-
-
 # --------------------------------------------------------------------------- one run
-def oracle_with_totals(data_path: Path, spec: str) -> dict[str, float]:
-    """Oracle NE per surface/task plus ``all/<task>`` (pooled over surfaces, as the evaluator pools)."""
-    from opengem.data.oracle import accumulate
-
-    acc = accumulate(data_path, spec)
-    return {**acc.results(), **acc.pooled_by_task().results()}
-
-
-def select_ne(metrics: dict[str, dict[str, Any]], keys: list[str]) -> float:
-    vals = [metrics[k]["ne"] for k in keys if k in metrics and metrics[k]["ne"] == metrics[k]["ne"]]
-    return float(np.mean(vals)) if len(vals) == len(keys) and vals else float("nan")
-
-
-def metric_keys(metric: str, available: list[str]) -> list[str]:
-    if metric == "surface_task":
-        keys = [k for k in available if not k.startswith("all/")]
-    elif metric == "tasks":
-        keys = [k for k in available if k.startswith("all/")]
-    else:
-        keys = [metric] if metric in available else []
-    if not keys:
-        raise ConfigError(f"sweep.metric = {metric!r}: no such NE key (have: {', '.join(sorted(available))})")
-    return sorted(keys)
-
-
 def _train_rows(data_path: Path, spec: str) -> int:
     import pyarrow.parquet as pq
 
@@ -385,15 +332,27 @@ def format_result(result: dict[str, Any]) -> str:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", required=True, help="sweep TOML (e.g. configs/scaling-tiny.toml)")
-    p.add_argument("--out", default=None, help="output folder (default: runs/scale/<sweep name>)")
+    p.add_argument("--design", choices=("sweep", "isoflop"), default="sweep",
+                   help="sweep: every size on the same rows (needs --config); isoflop: the compute-optimal "
+                        "study, rows = budget / FLOPs per example (bench/isoflop.py)")
+    p.add_argument("--config", default=None, help="sweep or study TOML (e.g. configs/scaling-tiny.toml; "
+                   "isoflop default: configs/isoflop[-<budget>].toml)")
+    p.add_argument("--budget", choices=("small", "default", "large"), default="default",
+                   help="isoflop: small (minutes, CPU), default (~90 min, 2 CPU cores), large (one H200)")
+    p.add_argument("--families", default=None, help="isoflop: comma-separated subset, e.g. gem,dcnv2,dlrm")
+    p.add_argument("--plan", action="store_true", help="isoflop: print the rows each run gets and stop")
+    p.add_argument("--out", default=None, help="output folder (default: runs/scale/<config name>)")
     p.add_argument("--data", default=None, help="canonical dataset folder (default: simulate once)")
     p.add_argument("--set", dest="sweep_overrides", action="append", default=[],
-                   help="override a sweep key, e.g. --set proxy.enabled=false")
+                   help="override a sweep/study key, e.g. --set proxy.enabled=false or --set seeds=5")
     p.add_argument("overrides", nargs="*", help="run overrides applied to every run, e.g. train.threads=1")
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.design == "isoflop":
+        return run_isoflop(args)
+    if not args.config:
+        raise UsageError("--design sweep needs --config (e.g. configs/scaling-tiny.toml)")
     sweep = load_sweep_config(args.config, args.sweep_overrides)
     out = Path(args.out or Path("runs/scale") / Path(args.config).stem)
     result = run_sweep(sweep, out, args.data, args.overrides)
@@ -401,3 +360,22 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {out / 'scaling.csv'}, {out / 'fits.json'}, {out / 'scaling.png'}, {out / 'sweep.toml'}")
     return 0
 
+
+def run_isoflop(args: argparse.Namespace) -> int:
+    from opengem.bench.isoflop import default_config_path, load_isoflop_config, run_study
+    from opengem.bench.isoflop_report import format_study
+
+    path = Path(args.config) if args.config else default_config_path(args.budget)
+    fams = [f.strip() for f in args.families.split(",") if f.strip()] if args.families else None
+    cfg = load_isoflop_config(path, args.sweep_overrides, fams)
+    out = Path(args.out or Path("runs/scale") / path.stem)
+    result = run_study(cfg, out, args.data, args.overrides, plan_only=args.plan)
+    if args.plan:
+        print(f"{result['train_rows']} training rows, batch size {result['batch_size']}")
+        print(result["plan_text"])
+        return 0
+    print(format_study(result))
+    print(f"study: {result['runs']} runs ({result['runs_trained_now']} trained now), "
+          f"{result['elapsed_s']:.0f}s; wrote {out / 'isoflop.json'}, {out / 'isoflop_runs.csv'}, "
+          f"{out / 'isoflop.png'}")
+    return 0

@@ -9,10 +9,14 @@ Conventions (reported in the output under ``conventions``):
 - throughput excludes data loading: a pool of real batches is read first and cycled, so examples/s is
   the model step's rate; the loader's own rate is reported separately (``loader_examples_per_s``);
 - examples/s is the median over ``windows`` timed windows of ``steps`` steps each, after ``warmup`` steps;
-- model FLOPs per example = 3 x the model's analytic forward FLOPs (``flops_per_example()``, at full
-  sequence length): backward costs two forwards, embedding lookups count zero. The FlopCounterMode
-  forward FLOPs on a real batch (sequences as long as they really are) are reported beside it
-  (``measured_fwd_flops_per_example``), with the MFU they imply;
+- model FLOPs per example = 3 x the model's analytic forward FLOPs (backward costs two forwards,
+  embedding lookups count zero), **at each example's real history length** in the benchmark's batches
+  (``executed_fwd_flops_per_example``; headline ``mfu``), and at full ``max_len`` beside it
+  (``fwd_flops_per_example``, ``mfu_full``): histories are jagged, and counting them at max_len
+  over-states the work. The FlopCounterMode forward FLOPs on one real batch are reported too
+  (``measured_fwd_flops_per_example``, ``mfu_measured_flops``);
+- the peak is the matmul peak of the precision the step runs in (bf16 under ``train.precision = "bf16"``),
+  measured in the same process; ``peak_flops_fp32`` is measured beside it under bf16, for reference;
 - time to first step runs from the start of the Trainer's construction (process group, model build,
   sharding plan, optimizers) to the end of the first optimizer step, including reading the first batch.
 """
@@ -27,17 +31,18 @@ from typing import Any
 
 from opengem.bench.machine import PeakMemory, load_average, matmul_peak, sync
 from opengem.errors import TrainError, UsageError
-from opengem.model.flops import measured_flops, model_flops
+from opengem.model.flops import executed_flops_per_example, measured_flops, model_flops
 from opengem.train.config import RunConfig
 from opengem.train.data import prepare_data
 from opengem.train.env import resolve_device
 from opengem.train.trainer import Trainer
 
 CONVENTIONS = {
-    "flops_per_example": "3 x analytic forward FLOPs at full sequence length (fwd + bwd), lookups = 0",
+    "flops_per_example": "3 x analytic forward FLOPs (fwd + bwd), lookups = 0, at each example's real "
+                         "history length (mfu); flops_per_example_full: at max_len (mfu_full)",
     "examples_per_s": "median of timed windows after warm-up; batches pre-read and cycled (no data loading)",
-    "peak_flops": "best n^3 matmul (7 before, 3 after each window, 7 after) in the same process and threads "
-                  "(fp32 1024^3 on CPU, bf16 4096^3 on GPU)",
+    "peak_flops": "best n^3 matmul (7 before, 3 after each window, 7 after) in the same process and threads, "
+                  "in the run's precision (fp32 or bf16; 1024^3 on CPU, 4096^3 on GPU)",
     "peak_mem_mb": "CPU: peak RSS (VmHWM, reset via /proc/self/clear_refs) - RSS at start, one model per "
                    "process (freed heap is reused, so earlier work in the process lowers it); "
                    "GPU: max_memory_allocated",
@@ -62,19 +67,20 @@ def bench_train(cfg: RunConfig, run_dir: str | Path, data_dir: str | Path | None
         device = trainer.device
         loader = iter(trainer.train_loader())
         try:
-            first = next(loader).to(device)
+            first = next(loader).to_device(device)
         except StopIteration:
             raise TrainError(f"{data_path}: partitions {cfg.data.train!r} gave no full batch of "
                              f"{cfg.data.batch_size} rows (lower data.batch_size)") from None
         loss0 = trainer.train_step(first)
         sync(device)
         ttfs = time.perf_counter() - t0
-        peak = matmul_peak(device, peak_n)
+        precision = cfg.train.precision
+        peak = matmul_peak(device, peak_n, precision=precision)
 
         batches = [first]
         t_load = time.perf_counter()
         for b in loader:
-            batches.append(b.to(device))
+            batches.append(b.to_device(device))
             if len(batches) >= pool:
                 break
         load_s = time.perf_counter() - t_load
@@ -92,35 +98,42 @@ def bench_train(cfg: RunConfig, run_dir: str | Path, data_dir: str | Path | None
             sync(device)
             rates.append(steps * cfg.data.batch_size / (time.perf_counter() - tw))
             # sample the peak between windows too: on a shared machine the quiet moments are brief
-            between = matmul_peak(device, peak_n, repeats=3)
+            between = matmul_peak(device, peak_n, repeats=3, precision=precision)
             if between["peak_flops"] > peak["peak_flops"]:
                 peak = {**between, "peak_flops_median": peak["peak_flops_median"]}
         memory = mem.stop()
-        after = matmul_peak(device, peak_n)  # the best of before and after: load may change during the run
+        after = matmul_peak(device, peak_n, precision=precision)  # the best of before and after
         if after["peak_flops"] > peak["peak_flops"]:
             peak = after
+        fp32_peak = matmul_peak(device, peak_n)["peak_flops"] if precision != "fp32" else peak["peak_flops"]
         if not math.isfinite(trainer.last_loss):
             raise TrainError(f"bench: loss became {trainer.last_loss} (lower train.lr)")
         plain, model = trainer.parallel.plain, trainer.model
         fwd = model_flops(plain)
+        executed_fwd = executed_flops_per_example(plain, batches)
         measured_fwd = measured_flops(model, batches[0])
         model.train()
         dense_list = trainer.optimizers.dense
         ds = trainer.ds
 
     eps = statistics.median(rates)
-    fpe = 3 * fwd
+    fpe = 3 * executed_fwd
     achieved = eps * fpe
     return {
         "model": cfg.model.name,
+        "precision": precision,
         "examples_per_s": eps,
         "flops_per_example": fpe,
+        "flops_per_example_full": 3 * fwd,
         "achieved_flops": achieved,
         "peak_flops": peak["peak_flops"],
+        "peak_flops_fp32": fp32_peak,
         "mfu": achieved / peak["peak_flops"],
+        "mfu_full": eps * 3 * fwd / peak["peak_flops"],
         "peak_mem_mb": memory["peak_mem_mb"],
         "time_to_first_step_s": ttfs,
         "fwd_flops_per_example": fwd,
+        "executed_fwd_flops_per_example": executed_fwd,
         "measured_fwd_flops_per_example": measured_fwd,
         "mfu_measured_flops": eps * 3 * measured_fwd / peak["peak_flops"],
         "window_examples_per_s": rates,

@@ -81,6 +81,21 @@ class Batch:
             ts=self.ts.to(device, non_blocking=non_blocking),
         )
 
+    def to_device(self, device: torch.device | str) -> Batch:
+        """The batch on ``device`` the fast way: to a GPU from page-locked memory without blocking the host.
+
+        A pageable host tensor is copied to the GPU synchronously (through a staging buffer); a pinned one
+        is copied by DMA, ordered on the current stream, while the host queues the step's kernels. A batch
+        a loader already pinned is not pinned again. Everything else (CPU, a batch already on the GPU) is
+        ``to(device)``. Only host-to-device copies are made non-blocking: the values are then read on the
+        same stream, so they are never read early.
+        """
+        device = torch.device(device)
+        if device.type != "cuda" or self.dense.device.type == "cuda":
+            return self.to(device)
+        src = self if self.dense.is_pinned() else self.pin_memory()
+        return src.to(device, non_blocking=True)
+
     def pin_memory(self) -> Batch:
         return Batch(
             dense=self.dense.pin_memory(),

@@ -42,7 +42,7 @@ FORMAT = 1
 # What a dataset folder written by opengem may hold besides its partitions: --force may replace these
 # (.opengem_sim_config.json: the trainer's record of the simulator config of RUN/data).
 DATASET_FILES = frozenset({"schema.toml", "summary.json", "manifest.json", "generate.json", MARKER,
-                           ".opengem_sim_config.json"})
+                           ".opengem_sim_config.json", "encoders.json"})  # encoders: convert table
 MARK_HINT = "opengem validate --data {path} --mark-complete"
 
 

@@ -35,9 +35,10 @@ from opengem.model.embedding import (
 from opengem.model.heads import HeadConfig, MultiSurfaceHead
 from opengem.model.interformer import InterFormer, InterFormerConfig
 from opengem.model.output import ModelOutput
-from opengem.model.sequence import SequenceEncoder, SequenceEncoderConfig, _pyramid_plan
+from opengem.model.sequence import SequenceEncoder, SequenceEncoderConfig, _pyramid_plan, use_kernel
 from opengem.model.wukong import WukongConfig, WukongStack
 from opengem.ops.jagged import compact, zero_padding
+from opengem.ops.kernel import WITH_FUSED
 
 
 @dataclass
@@ -48,6 +49,9 @@ class GEMConfig:
     interformer: InterFormerConfig = field(default_factory=InterFormerConfig)
     sequence: SequenceEncoderConfig = field(default_factory=SequenceEncoderConfig)
     use_sequences: bool = True  # false = ignore sequence groups: a plain Wukong stack + head
+    # ops kernel of every block (opengem.ops.kernel): "fused" = the hand-fused twins (same parameters, same
+    # numbers within fp32 rounding, faster), "pytorch" = the reference ops
+    kernel: str = "fused"
 
 
 def check_sizes(cfg: GEMConfig, d: int, seq_max_len: int | None) -> None:
@@ -58,6 +62,7 @@ def check_sizes(cfg: GEMConfig, d: int, seq_max_len: int | None) -> None:
     reads no sequence (then the [gem.interformer] and [gem.sequence] sizes are not used, and not checked).
     """
     w, f, s = cfg.wukong, cfg.interformer, cfg.sequence
+    check_choice("gem.kernel", cfg.kernel, tuple(k.value for k in WITH_FUSED))
     if seq_max_len is None:
         layers_key, layers = "gem.wukong.num_layers", w.num_layers
     else:
@@ -125,6 +130,7 @@ class GEM(nn.Module):
             self.wukong = WukongStack(n, d, cfg.wukong)
             head_in = self.wukong.out_tokens * d
         self.head = MultiSurfaceHead(head_in, len(schema.surfaces), len(schema.tasks), head)
+        use_kernel(self, cfg.kernel)
 
     def forward(self, batch: Batch) -> ModelOutput:
         e: EmbeddedFeatures = self.embedding(batch)

@@ -30,18 +30,38 @@ from torch import nn
 
 from opengem.ops.attention import masked_attention, pooled_attention, rope
 from opengem.ops.jagged import compact, ensure_nonempty, gather_last, zero_padding
+from opengem.ops.kernel import WITH_FUSED, Kernel, resolve_kernel
+
+
+def use_kernel(module: nn.Module, kernel: Kernel | str) -> nn.Module:
+    """Set the ops kernel of every block under ``module`` that has one (attributes named ``kernel``).
+
+    Kernels never change parameters, so one model can run either path: GEM sets its config's kernel once
+    after building, and the equality tests flip the same weights between the reference and the fused twin.
+    """
+    k = resolve_kernel(kernel, WITH_FUSED)
+    for m in module.modules():
+        if hasattr(m, "kernel"):
+            m.kernel = k
+    return module
 
 # --------------------------------------------------------------------------- attention modules
 
 
 class MultiHeadAttention(nn.Module):
-    """Multi-head attention with key-padding masks and optional RoPE: projections here, the math in ops/."""
+    """Multi-head attention with key-padding masks and optional RoPE: projections here, the math in ops/.
+
+    ``kernel`` (see :func:`use_kernel`): the reference splits heads with strided views and rotates them;
+    the fused path rotates q and k in the projection's own contiguous [B, L, H, dh] layout (RoPE acts on
+    the last dim, so the result is the same) and only then views them head-major.
+    """
 
     def __init__(self, d: int, num_heads: int = 1, use_rope: bool = False, rope_base: float = 1e4) -> None:
         super().__init__()
         if d % num_heads:
             raise ValueError(f"attention: width d={d} is not divisible by num_heads={num_heads}")
         self.d, self.h, self.use_rope, self.rope_base = d, num_heads, use_rope, rope_base
+        self.kernel = Kernel.PYTORCH
         self.q = nn.Linear(d, d)
         self.kv = nn.Linear(d, 2 * d)
         self.out = nn.Linear(d, d)
@@ -57,12 +77,33 @@ class MultiHeadAttention(nn.Module):
         B, Lq, d = query.shape
         Lk = keys.shape[1]
         dh = d // self.h
+        if self.kernel is Kernel.FUSED:
+            return self._heads_fused(query, keys, q_pos, k_pos)
         q = self.q(query).view(B, Lq, self.h, dh).transpose(1, 2)
         k, v = self.kv(keys).view(B, Lk, 2, self.h, dh).permute(2, 0, 3, 1, 4)
         if self.use_rope:
             q = rope(q, torch.arange(Lq, device=q.device) if q_pos is None else q_pos, self.rope_base)
             k = rope(k, torch.arange(Lk, device=k.device) if k_pos is None else k_pos, self.rope_base)
         return q, k, v
+
+    def _heads_fused(
+        self, query: torch.Tensor, keys: torch.Tensor, q_pos: torch.Tensor | None, k_pos: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        B, Lq, d = query.shape
+        Lk, H = keys.shape[1], self.h
+        dh = d // H
+        # K and V from the two halves of the kv weight (not the halves of its output: unbinding the output
+        # costs a strided stack in backward); RoPE on the contiguous token-major projections
+        wk, wv = self.kv.weight[:d], self.kv.weight[d:]
+        bk, bv = self.kv.bias[:d], self.kv.bias[d:]
+        q = self.q(query).view(B, Lq, H, dh)
+        k = F.linear(keys, wk, bk).view(B, Lk, H, dh)
+        v = F.linear(keys, wv, bv).view(B, Lk, H, dh)
+        if self.use_rope:
+            fused = Kernel.FUSED
+            q = rope(q, _token_major_pos(q_pos, B, H, Lq, query.device), self.rope_base, kernel=fused)
+            k = rope(k, _token_major_pos(k_pos, B, H, Lk, keys.device), self.rope_base, kernel=fused)
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
     def _merge(self, o: torch.Tensor) -> torch.Tensor:
         B, _, Lq, _ = o.shape
@@ -82,6 +123,13 @@ class MultiHeadAttention(nn.Module):
     def flops(self, lq: int, lk: int) -> int:
         d = self.d
         return 2 * lq * d * d + 4 * lk * d * d + 2 * lq * d * d + 4 * lq * lk * d
+
+
+def _token_major_pos(pos: torch.Tensor | None, B: int, H: int, L: int, device: torch.device) -> torch.Tensor:
+    """Positions for a [B, L, H] layout from positions that broadcast against [B, H, L] (default 0..L-1)."""
+    if pos is None:
+        return torch.arange(L, device=device)[:, None]
+    return torch.broadcast_to(pos, (B, H, L)).transpose(1, 2)
 
 
 class PooledAttention(MultiHeadAttention):
@@ -165,6 +213,7 @@ class PyramidLevel(nn.Module):
         self.local = TransformerBlock(d, cfg.num_heads, cfg.ffn_mult, cfg.use_rope)
         self.branch = nn.Parameter(torch.zeros(3, d))  # which branch a token came from
         self.ln = nn.LayerNorm(d)
+        self.kernel = Kernel.PYTORCH
 
     def forward(
         self, x: torch.Tensor, mask: torch.Tensor, target: torch.Tensor
@@ -179,13 +228,27 @@ class PyramidLevel(nn.Module):
         nc = -(-N // C)
         xc = F.pad(x, (0, 0, 0, nc * C - N)).reshape(B * nc, C, d)
         mc = F.pad(mask, (0, nc * C - N), value=False).reshape(B * nc, C)
-        local = self.local(xc, mc)
         cnt = mc.sum(1, keepdim=True).clamp(min=1).to(x.dtype)
-        chunks = (local.sum(1) / cnt).reshape(B, nc, d)
-        chunk_mask = mc.any(1).reshape(B, nc)
+        chunk_mask = mc.any(1)
+        chunks = (self._chunk_sums(xc, mc, chunk_mask) / cnt).reshape(B, nc, d)
+        chunk_mask = chunk_mask.reshape(B, nc)
         out = torch.cat([chunks + self.branch[0], pooled + self.branch[1], recent + self.branch[2]], dim=1)
         out_mask = torch.cat([chunk_mask, pooled_mask, recent_mask], dim=1)
         return compact(self.ln(out), out_mask)
+
+    def _chunk_sums(self, xc: torch.Tensor, mc: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+        """Sum of each chunk's tokens after local attention, [B·nc, d].
+
+        A chunk with no real event sums to exactly 0 (its tokens are zeroed), so the fused path runs the
+        block on the real chunks only (jagged: about len/C of them per row instead of max_len/C) and
+        scatters their sums into zeros; the reference runs every chunk. Under torch.compile the static
+        form runs (selecting real chunks has a data-dependent shape, which would break the graph).
+        """
+        if self.kernel is not Kernel.FUSED or torch.compiler.is_compiling():
+            return self.local(xc, mc).sum(1)
+        idx = real.nonzero().squeeze(1)
+        sums = self.local(xc.index_select(0, idx), mc.index_select(0, idx)).sum(1)
+        return xc.new_zeros(xc.shape[0], xc.shape[2]).index_copy(0, idx, sums)
 
     def flops(self, n: int) -> int:
         cfg = self.cfg

@@ -3,7 +3,9 @@
 The math every GEM block shares (the long-sequence encoder, InterFormer's Sequence Arch and PMA, Wukong's
 cross-layer attention), without parameters: projections stay in the model's modules. Shapes follow SDPA:
 q [B, H, Lq, dh], k and v [B, H, Lk, dh], key masks [B, Lk] bool (True = real key). Every op takes
-``kernel`` (see :mod:`opengem.ops.kernel`) and today runs :mod:`opengem.ops.pytorch.pt_attention`.
+``kernel`` (see :mod:`opengem.ops.kernel`): ``"pytorch"`` runs :mod:`opengem.ops.pytorch.pt_attention` (the
+reference, SDPA); the RoPE ops also have ``"fused"`` (:mod:`opengem.ops.fused.fused_attention`). The
+attention cores have no fused twin: SDPA's CPU flash kernel was the fastest measured at GEM's shapes.
 
 FLOPs: :func:`flop_formulas` returns the FlopCounterMode formulas for kernels torch does not count;
 ``opengem.model.flops.flop_counter`` passes them as ``custom_mapping``. Nothing here touches torch's global
@@ -17,7 +19,8 @@ from typing import Any
 
 import torch
 
-from opengem.ops.kernel import Kernel, resolve_kernel
+from opengem.ops.fused import fused_attention
+from opengem.ops.kernel import WITH_FUSED, Kernel, resolve_kernel
 from opengem.ops.pytorch import pt_attention, pt_jagged
 
 
@@ -34,7 +37,8 @@ def rope(
 
     ``pos`` broadcasts against x[..., 0] (e.g. [L] for x [B, H, L, dh]); an odd last dim passes through.
     """
-    resolve_kernel(kernel)
+    if resolve_kernel(kernel, WITH_FUSED) is Kernel.FUSED:
+        return fused_attention.rope(x, pos, base)
     return pt_attention.rope(x, pos, base)
 
 

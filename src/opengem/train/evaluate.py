@@ -26,7 +26,7 @@ from torch import nn
 from opengem.data.batch import Batch
 from opengem.data.commit import atomic_write_text
 from opengem.data.dataset import Dataset
-from opengem.data.oracle import oracle_ne
+from opengem.data.oracle import accumulate
 from opengem.data.schema import FeatureSchema
 from opengem.errors import DatasetError, OpengemError
 from opengem.metrics import NE_BASE_RATE, MetricAccumulator
@@ -182,7 +182,9 @@ def evaluate_run(run_dir: str | Path, data_dir: str | Path | None = None, partit
         "ne_base_rate": NE_BASE_RATE,
     }
     if ds.truth_files(spec):
-        out["oracle"] = {k: (v if v == v else None) for k, v in oracle_ne(data_path, spec).items()}
+        acc = accumulate(data_path, spec)  # per surface x task, and pooled over surfaces as all/<task>
+        ne = {**acc.results(), **acc.pooled_by_task().results()}
+        out["oracle"] = {k: (v if v == v else None) for k, v in ne.items()}
     if write:
         names = [eval_file_name(spec)]
         if partitions is None or ds.select(cfg.data.eval) == chosen:
@@ -194,12 +196,15 @@ def evaluate_run(run_dir: str | Path, data_dir: str | Path | None = None, partit
 
 
 def format_metrics(results: dict[str, dict[str, Any]], oracle: dict[str, Any] | None = None) -> str:
-    """One table, runs side by side: NE and AUC per surface/task, oracle NE when known."""
+    """One table, runs side by side: NE, AUC and calibration (mean prediction / observed rate, 1 = right
+    on average: auctions price on the probability, so a good rank with a biased level still costs money)
+    per surface/task and pooled (all/<task>); the oracle NE when known."""
     keys = sorted({k for r in results.values() for k in r["metrics"]},
                   key=lambda k: (k.startswith("all/"), k))
     width = {name: max(12, len(name) + 6) for name in results}  # long run names stay apart
     head = f"{'surface/task':<24}{'rows':>9}" + "".join(
-        f"{name + ' NE':>{width[name]}}{name + ' AUC':>{width[name]}}" for name in results)
+        f"{name + ' NE':>{width[name]}}{name + ' AUC':>{width[name]}}{name + ' cal':>{width[name]}}"
+        for name in results)
     if oracle:
         head += f"{'oracle NE':>11}"
     lines = [head, "-" * len(head)]
@@ -212,7 +217,7 @@ def format_metrics(results: dict[str, dict[str, Any]], oracle: dict[str, Any] | 
         line = f"{k:<24}{first['rows']:>9d}"
         for name, r in results.items():
             m = r["metrics"].get(k, {})
-            line += f"{fmt(m.get('ne')):>{width[name]}}{fmt(m.get('auc')):>{width[name]}}"
+            line += "".join(f"{fmt(m.get(c)):>{width[name]}}" for c in ("ne", "auc", "calibration"))
         if oracle:
             line += f"{fmt(oracle.get(k)):>11}"
         lines.append(line)
@@ -243,5 +248,5 @@ def run(args: argparse.Namespace) -> int:
     for name, out in outs.items():
         print(f"{name}: checkpoint {out['checkpoint']} (step {out['step']}, {out['checkpoint_kind']}); "
               f"wrote {', '.join(out['written'])}")
-    print(f"({first['ne_base_rate']})")
+    print(f"(cal = mean prediction / observed rate; {first['ne_base_rate']})")
     return 0

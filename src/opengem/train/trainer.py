@@ -269,7 +269,7 @@ class Trainer:
         """One optimizer step on ``batch`` (this rank's share of the global batch); returns the loss,
         summed over ranks (the global-batch mean)."""
         t = self.t
-        batch = batch.to(self.device)
+        batch = batch.to_device(self.device)  # pinned and non-blocking on GPU
         if self.emb_l2 is not None:
             self.emb_l2.take()  # nothing left over from a forward that did not end in a step
         out = forward(self.model, batch, t, self.device)

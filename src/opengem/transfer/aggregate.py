@@ -1,4 +1,11 @@
-"""From per-seed predictions to the experiment's numbers: NE, TR, R with CIs, AUC, calibration per key."""
+"""From per-seed predictions to the experiment's numbers: NE, TR, R with CIs, AUC, calibration per key.
+
+R compares arms at equal serving compute (issue 15, item 3): it is reported only for an arm whose serving
+FLOPs/example stay within +10 % of the baseline VM's (``SERVING_FLOPS_TOLERANCE``). An arm that buys its
+gain with serving compute (FM blocks run at serving time, wider inputs) gets ``r`` = None and
+``r_withheld`` = "adds serving compute"; its NE and TR are still reported, with its FLOPs ratio, so it can
+be set against a baseline VM made bigger by the same FLOPs.
+"""
 
 from __future__ import annotations
 
@@ -34,6 +41,24 @@ def key_data(
     return out
 
 
+SERVING_FLOPS_TOLERANCE = 0.10  # R only for arms within +10 % of the baseline VM's serving FLOPs/example
+ADDS_SERVING_COMPUTE = "adds serving compute"
+
+
+def serving_flops(per_seed: list[dict[str, Any]], arm: str, sname: str) -> float | None:
+    """Mean serving FLOPs/example of an arm over seeds (None when a result does not record them)."""
+    vals = [sr[sname][arm].get("serving_flops") for sr in per_seed]
+    return None if any(v is None for v in vals) else float(np.mean(vals))
+
+
+def apply_equal_flops_rule(m: dict[str, Any], flops: float | None, base_flops: float | None) -> None:
+    """Record an arm's serving FLOPs and withhold its R when it serves more than the tolerance allows."""
+    m["serving_flops"] = flops
+    m["serving_flops_ratio"] = ratio(flops, base_flops) if flops is not None and base_flops else None
+    if m["serving_flops_ratio"] is not None and m["serving_flops_ratio"] > 1 + SERVING_FLOPS_TOLERANCE:
+        m["r"], m["r_ci"], m["r_withheld"] = None, None, ADDS_SERVING_COMPUTE
+
+
 def aggregate(per_seed: list[dict[str, Any]], arms: list[str], cfg: ExperimentConfig) -> dict[str, Any]:
     first = per_seed[0]
     out: dict[str, Any] = {"arms": {a: {} for a in arms}, "fm": {}, "hierarchical": {}}
@@ -53,6 +78,8 @@ def aggregate(per_seed: list[dict[str, Any]], arms: list[str], cfg: ExperimentCo
                 m["auc"] = float(np.mean([auc(d[a]["p"], d[a]["y"]) for d in data]))
                 m["calibration"] = float(np.mean([calibration(d[a]["p"], d[a]["y"]) for d in data]))
                 m["rows"] = int(sum(len(d[a]["y"]) for d in data))
+                apply_equal_flops_rule(m, serving_flops(per_seed, a, sname),
+                                       serving_flops(per_seed, "baseline", sname))
                 out["arms"][a][key] = m
             if "hierarchical" in arms:
                 ne_dom = float(np.mean([ne_of(d["domain_fm"]["p"], d["domain_fm"]["y"]) for d in data]))

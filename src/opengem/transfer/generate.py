@@ -220,12 +220,18 @@ def generate(
     device: str = "cpu",
     threads: int = 1,
     max_models: int = 2,
+    versions: list[FMVersion] | None = None,
 ) -> dict[str, Any]:
-    """Write the side table for ``partitions`` of ``data``; returns (and writes) the manifest."""
+    """Write the side table for ``partitions`` of ``data``; returns (and writes) the manifest.
+
+    ``versions``: the FM versions to choose from instead of RUN/versions (``opengem distill`` passes a
+    batch-trained run's own checkpoint as its one version); the no-leakage rule is the same.
+    """
 
     warnings.filterwarnings("ignore", category=FutureWarning)
     run, pinned = parse_fm_spec(str(fm))
-    versions = list_versions(run)
+    versions = list_versions(run) if versions is None else sorted(
+        versions, key=lambda v: (v.trained_through_ts, v.version))
     if pinned is not None:
         versions = [v for v in versions if v.version == pinned]
         if not versions:

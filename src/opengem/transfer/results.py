@@ -1,8 +1,10 @@
 """Transfer metrics: NE gain, transfer ratio TR, effectiveness ratio R, paired bootstrap CIs, tables, plot.
 
 TR = (NE_base − NE_arm) / (NE_base − NE_FM): the share of the FM's advantage over the baseline VM that
-the arm captures. R = gain(arm) / gain(tuned KD) with gain = NE_base − NE_arm. Across seeds, gains are
-averaged before the ratio (a ratio of means, stable when one seed's KD gain is tiny). CIs: paired
+the arm captures. R = gain(arm) / gain(tuned KD) with gain = NE_base − NE_arm, reported only for arms
+within +10 % of the baseline VM's serving FLOPs (``aggregate.apply_equal_flops_rule``; the table shows the
+FLOPs ratio, and "adds serving compute" in place of R for the others). Across seeds, gains are averaged
+before the ratio (a ratio of means, stable when one seed's KD gain is tiny). CIs: paired
 bootstrap — each replicate resamples the evaluated examples of every seed (the same rows for every
 arm), recomputes every NE, and the ratio of summed gains; percentiles 2.5 / 97.5.
 """
@@ -93,7 +95,7 @@ def arms_table(res: dict[str, Any], arms: list[str]) -> str:
     keys = sorted({k for a in arms for k in res["arms"].get(a, {})})
     head = (
         f"{'arm':<18}{'surface/task':<22}{'NE':>8}{'gain%':>8}{'AUC':>8}{'calib':>7}{'FM NE':>8}{'TR':>8}"
-        f"{'R':>8}  R 95% CI"
+        f"{'FLOPs x':>8}{'R':>8}  R 95% CI"
     )
     lines = [head, "-" * (len(head) + 8)]
     for a in arms:
@@ -105,7 +107,9 @@ def arms_table(res: dict[str, Any], arms: list[str]) -> str:
             lines.append(
                 f"{a:<18}{k:<22}{fmt(m['ne']):>8}{fmt(gain, 2):>8}{fmt(m.get('auc')):>8}"
                 f"{fmt(m.get('calibration'), 2):>7}{fmt(m.get('fm_ne')):>8}{fmt(m.get('tr'), 2):>8}"
-                f"{fmt(m.get('r'), 2):>8}  {fmt(m.get('r_ci'))}"
+                f"{fmt(m.get('serving_flops_ratio'), 2):>8}"
+                + (f"{'-':>8}  {m['r_withheld']}" if m.get("r_withheld") else
+                   f"{fmt(m.get('r'), 2):>8}  {fmt(m.get('r_ci'))}")
             )
     return "\n".join(lines)
 

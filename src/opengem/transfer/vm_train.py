@@ -90,6 +90,17 @@ def kd_losses(arm: ArmConfig) -> list[tuple[str, ExtraLoss]]:
     return losses
 
 
+def teacher_tensors(batch: Batch, teacher: KnowledgeTable | None, num_tasks: int, device: torch.device,
+                    use_adapter: bool) -> dict[str, torch.Tensor]:
+    """The teacher's logits for a batch's rows and where they exist (``kd_losses``' ``t``), by example id."""
+    if teacher is None:
+        z = torch.zeros(batch.batch_size, num_tasks, device=device)
+        return {"logits": z, "mask": z.bool()}
+    lg, ok = teacher.lookup(batch.example_id.cpu().numpy(), batch.surface.cpu().numpy(),
+                            use_adapter=use_adapter)
+    return {"logits": torch.as_tensor(lg, device=device), "mask": torch.as_tensor(ok, device=device)}
+
+
 class ProgressiveStudent:
     """A VM (or domain FM) trained window by window; ``evaluate`` before ``train`` on each window.
 
@@ -172,17 +183,7 @@ class ProgressiveStudent:
         )
 
     def teacher_tensors(self, batch: Batch, teacher: KnowledgeTable | None) -> dict[str, torch.Tensor]:
-        T = len(self.schema.tasks)
-        if teacher is None:
-            z = torch.zeros(batch.batch_size, T, device=self.device)
-            return {"logits": z, "mask": z.bool()}
-        lg, ok = teacher.lookup(
-            batch.example_id.cpu().numpy(), batch.surface.cpu().numpy(), use_adapter=self.arm.adapter
-        )
-        return {
-            "logits": torch.as_tensor(lg, device=self.device),
-            "mask": torch.as_tensor(ok, device=self.device),
-        }
+        return teacher_tensors(batch, teacher, len(self.schema.tasks), self.device, self.arm.adapter)
 
     def train_window(self, window: str, teacher: KnowledgeTable | None = None) -> None:
         if self.losses and teacher is None and self.arm.distils:

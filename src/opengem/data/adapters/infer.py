@@ -11,7 +11,8 @@ conversion. Inference looks at the source's column types only:
   sample writes every value as an integer: an id too large for int64, parsed by Arrow as a float);
 - list columns -> a sequence group of one id field (``<name>__id``), or, for libsvm's ``features``
   bag, a multi-valued sparse feature;
-- the label, time, surface and example-id columns are roles, not features.
+- the label, time, surface and example-id columns are roles, not features (a derived label's source
+  column, e.g. ``rating`` in ``like=rating>=4``, included: see :mod:`labels`).
 
 ``example_id`` and ``ts`` are generated (the source row number, counted over the files in order)
 when the spec names no such column; a source column literally called ``example_id`` is used as is.
@@ -26,6 +27,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from opengem.data.adapters.labels import LabelRule, LabelSyntaxError, parse_label, parse_labels
 from opengem.data.schema import SchemaError, dumps_toml, read_toml
 
 TRANSFORMS = ("standardize", "log1p", "none")
@@ -36,6 +38,7 @@ BAG_COLUMNS = ("features",)  # list columns that are bags of ids (libsvm), not o
 
 HEADER = ("# opengem convert table: import spec. Edit it (kinds, dims, transforms, ignore) and re-run\n"
           "# with --schema THIS_FILE. Roles: labels/time/surface/example_id name source columns;\n"
+          "# a label is COL (0/1) or NAME=COL OP NUMBER (OP: >= > <= < == !=), e.g. like=rating>=4;\n"
           "# an empty time or example_id means 'generated from the row number'.\n")
 
 
@@ -76,9 +79,18 @@ class ImportSpec:
     dense: list[DenseSpec] = field(default_factory=list)
     sequence: list[SequenceSpec] = field(default_factory=list)
 
+    @property
+    def label_rules(self) -> list[LabelRule]:
+        """The labels parsed (``check_spec`` has checked them); task names are ``rule.name``."""
+        return parse_labels(self.labels)
+
+    @property
+    def task_names(self) -> list[str]:
+        return [r.name for r in self.label_rules]
+
     def source_columns(self) -> list[tuple[str, str]]:
-        """Every source column the spec reads, with the role that needs it."""
-        out = [(c, "label") for c in self.labels]
+        """Every source column the spec reads (once each), with the role that needs it."""
+        out = [(c, "label") for c in dict.fromkeys(r.column for r in self.label_rules)]
         out += [(c, role) for c, role in ((self.time, "time"), (self.surface, "surface"),
                                           (self.example_id, "example_id")) if c]
         out += [(s.name, "sparse") for s in self.sparse] + [(d.name, "dense") for d in self.dense]
@@ -134,7 +146,23 @@ def spec_from_dict(d: dict[str, Any], where: str) -> ImportSpec:
 def check_spec(spec: ImportSpec, where: str) -> None:
     if not isinstance(spec.labels, list) or not spec.labels or not all(isinstance(c, str) and c
                                                                        for c in spec.labels):
-        raise SchemaError(f"{where}: labels must be a non-empty list of column names")
+        raise SchemaError(f"{where}: labels must be a non-empty list of column names or expressions")
+    for i, text in enumerate(spec.labels):
+        try:
+            parse_label(text)
+        except LabelSyntaxError as e:
+            raise SchemaError(f"{where}: labels[{i}]: {e}") from None
+    try:
+        rules = parse_labels(spec.labels)
+    except LabelSyntaxError as e:
+        raise SchemaError(f"{where}: labels: {e}") from None
+    outputs = {s.name for s in spec.sparse} | {f"{q.name}__id" for q in spec.sequence}
+    for d in spec.dense:
+        outputs |= {d.name, f"{d.name}_missing"}
+    clash = [r.name for r in rules if r.name in outputs]
+    if clash:
+        raise SchemaError(f"{where}: label {clash[0]!r} has the name of a feature column: name it "
+                          "NAME=COL OP NUMBER with another NAME")
     if not isinstance(spec.min_count, int) or spec.min_count < 1:
         raise SchemaError(f"{where}: min_count must be an integer >= 1, got {spec.min_count!r}")
     if not isinstance(spec.hash_buckets, int) or spec.hash_buckets < 2:
@@ -167,7 +195,7 @@ def infer_spec(source: pa.Schema, name: str, labels: list[str], time: str = "", 
     """An import spec from the source's column types (see the module docstring); ``sample`` (CSV text)
     turns a 'float' column written as integers too large for int64 (a uint64 id) into a sparse one."""
     example_id = "example_id" if "example_id" in source.names else ""
-    roles = {*labels, time, surface, example_id}
+    roles = {*(parse_label(t).column for t in labels), time, surface, example_id}
     spec = ImportSpec(name=name, labels=list(labels), time=time, surface=surface, example_id=example_id,
                       min_count=min_count, hash_buckets=hash_buckets)
     for f in source:

@@ -4,7 +4,9 @@ Nothing here reads a file whole: CSV through ``pyarrow.csv.open_csv`` (one block
 threaded so that a malformed row is skipped and counted with its line number in :class:`BadRows`),
 Parquet through ``ParquetFile.iter_batches``, libsvm as one text column per block parsed with Arrow
 string kernels (``label idx:val idx:val ...`` -> ``label`` and a ``features`` list of the indices whose
-value is non-zero). Memory is therefore a few blocks, whatever the file size.
+value is non-zero). Memory is therefore bounded whatever the file size: Arrow's CSV reader reads up to
+32 blocks ahead on its I/O thread (measured: 33 x BLOCK_BYTES allocated, about 270 MB at 8 MB blocks),
+Parquet one row group at a time.
 
 Several files (a glob, or one per split) are read in order as one stream. For headed CSV the first
 file's header names the columns; a later file whose first line is that same header skips it, and one

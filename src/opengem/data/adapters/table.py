@@ -13,7 +13,8 @@ Ids: 0 is each feature's out-of-vocabulary row, shared by missing, rare (< ``min
 unseen values, so it is trained (see :mod:`vocab`). ``example_id`` and ``ts`` are generated from the
 source row number (counted over the files in order, after skipped malformed rows) when the spec names
 no such column; one surface ``all`` unless ``--surface COL``. The output is committed through
-``commit.staged_dir`` with schema.toml and summary.json (split rule, rows, label rates, OOV shares).
+``commit.staged_dir`` with schema.toml, summary.json (split rule, rows, label rates, OOV shares) and the
+fitted encoders (``encoders.json`` + ``_encoders/``, :mod:`encoders_io`) that serving applies to raw values.
 """
 
 from __future__ import annotations
@@ -34,13 +35,16 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from opengem.data.adapters.common import AdapterError, BadRows, bad_rows_line, sparse_specs
+from opengem.data.adapters.encoders_io import write_encoders
 from opengem.data.adapters.infer import (
     DEFAULT_HASH_BUCKETS,
     DEFAULT_MIN_COUNT,
     ImportSpec,
+    check_spec,
     infer_spec,
     load_spec,
 )
+from opengem.data.adapters.labels import LabelSyntaxError, parse_labels
 from opengem.data.adapters.sources import Source, expand
 from opengem.data.adapters.table_encode import Chunk, Encoders, fit_encoders
 from opengem.data.adapters.table_split import SPLITS, TRAIN, SplitRule, time_cuts
@@ -55,6 +59,7 @@ from opengem.errors import UsageError
 SHUFFLE_BUCKET_ROWS = 500_000
 MAX_BUCKETS = 64
 BUCKET_GROUP = 8192
+ROW_GROUP_ROWS = 65_536  # row groups of the output files (the loader's unit), each buffered until full
 RESERVED = ("example_id", "ts", "surface")
 
 
@@ -137,6 +142,7 @@ def check_columns(job: TableJob) -> None:
             problems.append(f"{source.files[0]}{f' [{key}]' if key else ''}: missing your column(s) "
                             f"{', '.join(missing)}")
     clash = [s.name for s in [*job.spec.sparse, *job.spec.dense, *job.spec.sequence] if s.name in RESERVED]
+    clash += [t for t in job.spec.task_names if t in RESERVED]
     if clash:
         problems.append(f"feature name(s) {', '.join(clash)} are the contract's bookkeeping columns")
     if problems:
@@ -179,7 +185,7 @@ def output_schema(job: TableJob, enc: Encoders) -> FeatureSchema:
                      "fields": [{"name": "id", "vocab": size, "dim": dim}]})
     return FeatureSchema.from_dict({
         "name": spec.name, "surfaces": enc.surfaces, "sparse": sparse, "dense": dense, "sequence": seqs,
-        "task": [{"name": c} for c in spec.labels],
+        "task": [{"name": c} for c in spec.task_names],
     }, source=f"convert table {spec.name}")
 
 
@@ -189,7 +195,7 @@ def write(job: TableJob, enc: Encoders, schema: FeatureSchema, out: Path) -> dic
     n_train = enc.split_rows[TRAIN]
     n_buckets = min(MAX_BUCKETS, max(1, -(-n_train // SHUFFLE_BUCKET_ROWS))) if job.shuffle else 1
     shuffle_dir = out / ".shuffle"
-    writers = {s: CanonicalWriter(schema, out / s / "part-00000.parquet") for s in SPLITS}
+    writers = {s: CanonicalWriter(schema, out / s / "part-00000.parquet", ROW_GROUP_ROWS) for s in SPLITS}
     buckets = ([CanonicalWriter(schema, shuffle_dir / f"bucket-{b:05d}.parquet", BUCKET_GROUP)
                 for b in range(n_buckets)] if job.shuffle else [])
     oov: dict[str, int] = {}
@@ -235,7 +241,7 @@ def convert_table(job: TableJob, out: str | Path, force: bool = False) -> dict[s
     for src in job.sources.values():
         if src.fmt in ("csv", "tsv"):  # ids as strings (robust to mixed blocks), numbers as float64
             src.types = {**{c: pa.string() for c in src.schema().names},
-                         **{c: pa.float64() for c in job.spec.labels},
+                         **{r.column: pa.float64() for r in job.spec.label_rules},
                          **{d.name: pa.float64() for d in job.spec.dense}}
     check_columns(job)
     bad = BadRows()
@@ -247,9 +253,29 @@ def convert_table(job: TableJob, out: str | Path, force: bool = False) -> dict[s
         oov = write(job, enc, schema, st.path)
         summary = build_summary(job, enc, schema, counts, oov, bad)
         schema.save(st.path / "schema.toml")
+        write_encoders(enc, st.path, _text_columns(job))  # raw values can be served (docs/SERVING.md)
         (st.path / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         st.record["bad_rows"] = bad.total
     return summary
+
+
+def _text_columns(job: TableJob) -> list[str]:
+    """Categorical columns every source holds as text (CSV/TSV are read as strings): a hashed one hashes
+    the text, so a server given a raw number for it must hash that number's text too."""
+    out = []
+    for name in [s.name for s in [*job.spec.sparse, *job.spec.sequence]]:
+        text = True
+        for src in job.sources.values():
+            if src.fmt in ("csv", "tsv"):
+                continue
+            schema = src.schema() if src.fmt == "parquet" else None
+            t = schema.field(name).type if schema is not None and name in schema.names else None
+            if t is not None and (pa.types.is_list(t) or pa.types.is_large_list(t)):
+                t = t.value_type
+            text = text and t is not None and (pa.types.is_string(t) or pa.types.is_large_string(t))
+        if text:
+            out.append(name)
+    return out
 
 
 def build_summary(job: TableJob, enc: Encoders, schema: FeatureSchema, counts: dict[str, Any],
@@ -260,7 +286,7 @@ def build_summary(job: TableJob, enc: Encoders, schema: FeatureSchema, counts: d
         splits[name] = {
             "rows": rows,
             "label_rates": {t: (round(counts["label_sum"][t][code] / counts["label_n"][t][code], 6)
-                                if counts["label_n"][t][code] else None) for t in job.spec.labels},
+                                if counts["label_n"][t][code] else None) for t in job.spec.task_names},
             "ts_min": counts["ts_min"][code], "ts_max": counts["ts_max"][code],
             "oov_share": {f.name: round(oov.get(f"{name}/{f.name}", 0) / rows, 6) if rows else None
                           for f in schema.sparse if not f.multi_valued},
@@ -321,6 +347,16 @@ def _time_cuts(text: str | None, mode: str, time: str) -> tuple[int, int] | None
     return a, b
 
 
+def _labels(text: str | None) -> list[str]:
+    """``--label`` as canonical label expressions (see :mod:`labels`); a bad one is a one-line error."""
+    if not text:
+        return []
+    try:
+        return [str(r) for r in parse_labels(text.split(","))]
+    except LabelSyntaxError as e:
+        raise UsageError(f"--label {text}: {e}") from None
+
+
 def job_from_args(args: argparse.Namespace) -> TableJob:
     if not args.format:
         raise UsageError("convert table: --format csv|tsv|parquet|libsvm is required")
@@ -334,7 +370,7 @@ def job_from_args(args: argparse.Namespace) -> TableJob:
         raise UsageError("--valid-frac + --test-frac must be < 1")
     columns = [c.strip() for c in args.columns.split(",")] if args.columns else None
     sources, mode = _sources(args, columns)
-    labels = [c.strip() for c in args.label.split(",")] if args.label else []
+    labels = _labels(args.label)
     if args.schema:
         spec = load_spec(args.schema)
         overrides = {"labels": labels, "time": args.time, "surface": args.surface,
@@ -355,6 +391,7 @@ def job_from_args(args: argparse.Namespace) -> TableJob:
                           hash_buckets=args.hash_buckets or DEFAULT_HASH_BUCKETS, sample=first.text_sample())
     if args.table_name:
         spec.name = args.table_name
+    check_spec(spec, f"{args.schema or 'the inferred spec'} with the command-line options")
     if mode == "":
         mode = "time" if spec.time else "random"
     carve = tuple(s for s in ("valid", "test") if s not in sources) if mode == "files" else ()

@@ -2,7 +2,8 @@
 
 Pass 1 sees every row but learns only from the train rows: categorical counts -> vocabularies,
 dense mean/std; surfaces come from all rows (a surface is a routing label known up front, not a
-learned value). Labels must be 0/1 (empty = not observed); a bad one names file, column and row.
+learned value). A label column must hold 0/1 (empty = not observed); a bad value names file, column
+and row. A derived label (``like=rating>=4``, :mod:`labels`) is computed here, from any number.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import pyarrow.compute as pc
 
 from opengem.data.adapters.common import AdapterError
 from opengem.data.adapters.infer import ImportSpec
+from opengem.data.adapters.labels import LabelRule
 from opengem.data.adapters.vocab import CategoryCounter, CategoryVocab, DenseStats
 from opengem.data.dataset import arrow_schema
 from opengem.data.schema import FeatureSchema
@@ -98,8 +100,8 @@ class Encoders:
         for q in self.spec.sequence:
             ids = self.vocabs[q.name].encode(b.column(q.name))
             cols[f"{q.name}__id"] = tail_lists(ids, q.max_len)
-        for c in self.spec.labels:
-            cols[c] = pc.cast(b.column(c), pa.float32())
+        for rule in self.spec.label_rules:
+            cols[rule.name] = rule.apply(_floats(b.column(rule.column))).astype(np.float32)
         return pa.table({f.name: cols[f.name] for f in _arrow_fields(schema)})
 
 
@@ -107,18 +109,19 @@ def _arrow_fields(schema: FeatureSchema) -> list[pa.Field]:
     return list(arrow_schema(schema))
 
 
-def _check_labels(chunk: Chunk, labels: list[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def _check_labels(chunk: Chunk, rules: list[LabelRule]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Each task's values (0/1, NaN = not observed) and observed mask; a plain label must be 0/1."""
     out = {}
-    for c in labels:
-        y = _floats(chunk.batch.column(c))
-        seen = np.isfinite(y)
-        bad = seen & (y != 0) & (y != 1)
-        if bad.any():
+    for rule in rules:
+        x = _floats(chunk.batch.column(rule.column))
+        seen = np.isfinite(x)
+        bad = seen & (x != 0) & (x != 1)
+        if not rule.derived and bad.any():
             j = int(np.flatnonzero(bad)[0])
-            raise AdapterError(f"{chunk.file}: column {c!r} (label): value {y[j]:g} at data row "
+            raise AdapterError(f"{chunk.file}: column {rule.column!r} (label): value {x[j]:g} at data row "
                                f"{int(chunk.rows[j])} (from 0, over the files in order) is not 0 or 1 "
-                               "(empty = not observed)")
-        out[c] = (y, seen)
+                               "(empty = not observed; derive a label with --label NAME=COL OP NUMBER)")
+        out[rule.name] = (rule.apply(x), seen)
     return out
 
 
@@ -130,12 +133,13 @@ def fit_encoders(spec: ImportSpec, chunks: Iterable[Chunk]) -> tuple[Encoders, d
     dense = {d.name: DenseStats() for d in spec.dense}
     surfaces: set[str] = set()
     split_rows = [0] * N_SPLITS
-    label_sum = {c: [0.0] * N_SPLITS for c in spec.labels}
-    label_n = {c: [0] * N_SPLITS for c in spec.labels}
+    rules = spec.label_rules
+    label_sum = {r.name: [0.0] * N_SPLITS for r in rules}
+    label_n = {r.name: [0] * N_SPLITS for r in rules}
     ts_min: list[int | None] = [None] * N_SPLITS
     ts_max: list[int | None] = [None] * N_SPLITS
     for chunk in chunks:
-        labels = _check_labels(chunk, spec.labels)
+        labels = _check_labels(chunk, rules)
         for code in range(N_SPLITS):
             m = chunk.split == code
             k = int(m.sum())

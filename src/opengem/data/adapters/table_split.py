@@ -3,7 +3,9 @@
 - ``random``: a seeded splitmix64 hash of the row number gives u in [0, 1): u < test_frac -> test,
   u < test_frac + valid_frac -> valid, else train. No state, so pass 1 and pass 2 agree exactly.
 - ``time``: cuts at the (1 - valid - test) and (1 - test) quantiles of the time column (read in a first
-  pass, 8 bytes a row); ties at a cut go to the later split, so no valid/test row is older than a train row.
+  pass, 8 bytes a row): the sorted times' values at positions floor(q N), the MovieLens adapters' rule,
+  so that both give the same split; ties at a cut go to the later split, so no valid/test row is older
+  than a train row.
 - ``files``: the user named a source per split (``--src train=... --src test=...``); a split without a
   source is carved from the train source's rows by the same hash as ``random``.
 """
@@ -76,6 +78,8 @@ def time_cuts(ts: np.ndarray, valid_frac: float, test_frac: float) -> tuple[int,
         return 0, 0
     srt = np.sort(ts)
     n = len(srt)
-    i_valid = min(int(round(n * (1 - valid_frac - test_frac))), n - 1)
-    i_test = min(int(round(n * (1 - test_frac))), n - 1)
-    return int(srt[i_valid]), int(srt[i_test])
+
+    def position(q: float) -> int:  # floor(q n); round() first: 1 - 0.1 - 0.1 is 0.7999999999999999
+        return min(int(np.floor(round(n * q, 6))), n - 1)
+
+    return int(srt[position(1 - valid_frac - test_frac)]), int(srt[position(1 - test_frac)])

@@ -29,6 +29,9 @@ import pyarrow.compute as pc
 from opengem.data.adapters.common import AdapterError
 
 COUNT_CAP_FACTOR = 4  # stop counting (and hash) once distinct values exceed this many times hash_buckets
+# per-batch value counts wait in a list until they total this many rows (or 2 x hash_buckets), then are
+# merged by one group-by: a bounded buffer per feature that amortises the merge
+MERGE_ROWS = 131_072
 
 
 def splitmix64(x: np.ndarray) -> np.ndarray:
@@ -79,7 +82,7 @@ class CategoryCounter:
         counts = pc.cast(vc.field("counts"), pa.int64())
         self._pending.append(pa.table({"v": vc.field("values"), "n": counts}))
         self._pending_rows += len(vc)
-        if self._pending_rows > 2 * max(self.hash_buckets, 65536):
+        if self._pending_rows > max(2 * self.hash_buckets, MERGE_ROWS):
             self._merge()
 
     def _merge(self) -> None:

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# One-command GPU check (issue 13), under 8 minutes on one H200: GEM-base and DCNv2-base training-step
+# benchmarks in bf16 with torch.compile on (examples/s, MFU on executed and on full-length FLOPs against
+# the bf16 matmul peak measured in the same run, peak memory), time to first step with a cold and then a
+# warm compile cache, and a 1-process NCCL all-reduce. Prints one table.
+#
+#   bash benchmarks/gpu_check.sh [OUT_DIR]        # default runs/gpu_check (JSON of every part kept there)
+#
+# Without a CUDA GPU it prints one line and exits 2. Every part has its own time limit (GPU_CHECK_LIMIT_S
+# seconds per bench round, default 200), so a hung compile cannot take the whole budget.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-.venv/bin/python}
+OUT=${1:-runs/gpu_check}
+LIMIT=${GPU_CHECK_LIMIT_S:-200}
+
+if ! "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+  echo "gpu_check: no CUDA GPU here (torch.cuda.is_available() is False with $PY): nothing was run"
+  exit 2
+fi
+mkdir -p "$OUT"
+rm -rf "$OUT/inductor-cache"  # the first round must be cold
+
+# 1. NCCL, one process: init, all-reduce, barrier, destroy
+MASTER_ADDR=127.0.0.1 MASTER_PORT=${GPU_CHECK_PORT:-29577} \
+  timeout 120 "$PY" - "$OUT/nccl.json" > "$OUT/nccl.log" 2>&1 <<'PY'
+import json, sys, time
+import torch
+import torch.distributed as dist
+t = time.perf_counter()
+dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
+x = torch.full((1 << 20,), 2.0, device="cuda")
+dist.all_reduce(x)
+dist.barrier()
+torch.cuda.synchronize()
+ok = bool((x == 2.0).all())
+res = {"ok": ok, "seconds": time.perf_counter() - t, "nccl": ".".join(map(str, torch.cuda.nccl.version())),
+       "device": torch.cuda.get_device_name(0), "torch": torch.__version__}
+dist.destroy_process_group()
+open(sys.argv[1], "w").write(json.dumps(res))
+sys.exit(0 if ok else 1)
+PY
+echo "nccl: exit $? (log $OUT/nccl.log)" >&2
+
+# 2. and 3. the same benchmark twice: a cold compile cache, then warm (new processes, same cache folder)
+BENCH=(-m opengem.cli bench train --config configs/base.toml --models gem,dcnv2 --json
+       --out "$OUT/bench-data" --steps 10 --warmup 3 --windows 3 --pool 8
+       train.device=cuda train.precision=bf16 train.compile=true "train.compile_cache_dir=$OUT/inductor-cache")
+for round in cold warm; do
+  timeout "$LIMIT" "$PY" "${BENCH[@]}" > "$OUT/bench-$round.json" 2> "$OUT/bench-$round.log"
+  echo "bench $round: exit $? (log $OUT/bench-$round.log)" >&2
+done
+
+"$PY" benchmarks/gpu_check_table.py "$OUT"

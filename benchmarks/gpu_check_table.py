@@ -1,0 +1,64 @@
+"""The table of ``benchmarks/gpu_check.sh``: reads the JSON its parts left in OUT and prints one table.
+
+    python benchmarks/gpu_check_table.py OUT
+A part that failed or timed out is a row saying so (its log is named), never a missing line.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def runs_of(obj: Any) -> dict[str, dict]:
+    """model -> result, from ``bench train --json`` output (one object, or {"runs": [...]})."""
+    if not isinstance(obj, dict):
+        return {}
+    runs = obj.get("runs", [obj])
+    return {r["model"]: r for r in runs if isinstance(r, dict) and "model" in r}
+
+
+def table(out: Path) -> str:
+    cold, warm = runs_of(read_json(out / "bench-cold.json")), runs_of(read_json(out / "bench-warm.json"))
+    head = (f"{'model':<7}{'prec':>5}{'examples/s':>12}{'MFU':>8}{'MFU full':>9}{'peak TFLOP/s':>13}"
+            f"{'peak mem GB':>12}{'1st step cold s':>16}{'1st step warm s':>16}")
+    lines = [head, "-" * len(head)]
+    for model in ("gem", "dcnv2"):
+        r = warm.get(model) or cold.get(model)
+        if r is None:
+            lines.append(f"{model:<7}failed: see {out}/bench-cold.log and bench-warm.log")
+            continue
+        c, w = cold.get(model, {}), warm.get(model, {})
+        lines.append(f"{model:<7}{r.get('precision', '?'):>5}{r['examples_per_s']:>12,.0f}{r['mfu']:>8.2%}"
+                     f"{r['mfu_full']:>9.2%}{r['peak_flops'] / 1e12:>13.1f}{r['peak_mem_mb'] / 1024:>12.2f}"
+                     f"{_s(c.get('time_to_first_step_s')):>16}{_s(w.get('time_to_first_step_s')):>16}")
+    nccl = read_json(out / "nccl.json")
+    if isinstance(nccl, dict) and nccl.get("ok"):
+        lines.append(f"NCCL {nccl['nccl']}, 1 process, all-reduce of 1 Mi floats: ok in "
+                     f"{nccl['seconds']:.2f} s ({nccl['device']}, torch {nccl['torch']})")
+    else:
+        lines.append(f"NCCL 1-process all-reduce: FAILED (see {out}/nccl.log)")
+    r0 = next(iter({**cold, **warm}.values()), None)
+    if r0 is not None:
+        lines.append(f"batch {r0['batch_size']}, {r0['windows']} windows x {r0['steps']} steps, bf16 peak "
+                     f"measured in each run; MFU on FLOPs at real history lengths, 'MFU full' at max_len")
+    return "\n".join(lines)
+
+
+def _s(x: float | None) -> str:
+    return f"{x:.1f}" if isinstance(x, (int, float)) else "-"
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: gpu_check_table.py OUT")
+    print(table(Path(sys.argv[1])))

@@ -1,0 +1,412 @@
+"""``opengem scale --design isoflop``: the compute-optimal (iso-FLOP) study.
+
+A one-pass sweep that gives every size the same rows measures under-training, not scaling: a bigger model
+is starved of data. Here the budget is fixed instead: at each total training budget C (training FLOPs =
+3 x forward FLOPs/example x examples, the usual forward + backward convention) every size of every family
+trains on rows = C / (3 x its forward FLOPs/example), so a bigger model sees fewer rows, and the best size
+at each budget is the compute-optimal one. All rows come from ONE simulated stream generated once into
+OUT/data; the days are split train (all but the last two) / validation (the day before the last) / test
+(the last day). Validation chooses (learning rate, size); test is only reported.
+
+Steps, in order (each run's result is OUT/runs/<name>/result.json; a killed study resumes from them):
+1. learning rate per family: a small grid (``lr_grid``) at the smallest budget on one rung of the family's
+   ladder (``lr_size``), seed 0, lowest validation NE wins; the rate is reused at every budget and size of
+   that family. ``lr_check`` reruns the grid's neighbours of the chosen rate at the largest budget's best
+   size, which says whether the choice transfers to 30x the compute.
+2. every (budget, family, size) at the family's rate, seed 0;
+3. the best size per (budget, family) by validation NE, rerun with seeds 1 .. seeds-1.
+The summary (bench/isoflop_report.py) turns the runs into the frontier, fitted laws, efficiency ratios.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from opengem.bench.size_ladder import FamilySweep, size_overrides
+from opengem.config import ConfigError, load_config, save_config, to_dict
+from opengem.data.commit import atomic_write_text
+
+REPO = Path(__file__).resolve().parents[3]
+BUDGETS = ("small", "default", "large")
+
+
+@dataclass
+class IsoflopConfig:
+    """One study: the recipe every run starts from, the budgets, the families' size ladders, the lr rule."""
+
+    base: str = "tiny.toml"  # run recipe; relative paths: next to this file, then the working dir
+    overrides: list[str] = field(default_factory=list)  # applied to every run (data.sim.* size the stream)
+    budgets: list[float] = field(default_factory=list)  # total training FLOPs per run, ascending
+    families: list[FamilySweep] = field(default_factory=list)  # each with >= 3 sizes (its ladder)
+    run_families: list[str] = field(default_factory=list)  # the families run without --families; [] = all
+    seeds: int = 3  # runs at each budget's best size (seed 0 included)
+    lr_grid: list[float] = field(default_factory=lambda: [1e-3, 3e-3, 1e-2])  # [] = the recipe's lr
+    lr_size: int = 0  # ladder rung the lr grid runs on, at the smallest budget
+    lr_check: bool = True  # rerun the neighbouring rates at the largest budget's best size
+    metric: str = "tasks"  # tasks: mean over tasks of the all-surface NE | surface_task | one key
+    reference: str = "gem"  # the family whose frontier the others' compute is measured against
+    bootstrap: int = 1000  # resamples of seeds for the efficiency ratio's interval
+    eval_rows: int = 0  # validation and test each on their first rows (whole eval batches); 0 = all rows
+    min_steps: int = 8  # refuse a plan in which some run gets fewer optimizer steps than this
+    max_epochs: float = 1.0  # refuse a plan in which some run reads the training days more often
+
+
+def default_config_path(budget: str) -> Path:
+    """configs/isoflop.toml for ``default``, configs/isoflop-<budget>.toml otherwise."""
+    if budget not in BUDGETS:
+        raise ConfigError(f"--budget must be one of {', '.join(BUDGETS)} (got {budget!r})")
+    name = "isoflop.toml" if budget == "default" else f"isoflop-{budget}.toml"
+    for p in (REPO / "configs" / name, Path("configs") / name):
+        if p.exists():
+            return p
+    raise ConfigError(f"configs/{name} not found: run from the repository root or pass --config")
+
+
+def load_isoflop_config(path: str | Path, overrides: list[str] | None = None,
+                        families: list[str] | None = None) -> IsoflopConfig:
+    """Load, resolve ``base`` and keep only ``families`` (in the order given) when it is not None."""
+    cfg = load_config(IsoflopConfig, path, overrides)
+    base = Path(cfg.base)
+    if not base.is_absolute():
+        near = Path(path).parent / base
+        base = near if near.exists() else base
+    if not base.exists():
+        raise ConfigError(f"{path}: base = {cfg.base!r}: run recipe not found")
+    cfg.base = str(base.resolve())
+    if families is None and cfg.run_families:
+        families = list(cfg.run_families)
+    if families is not None:
+        have = {f.name: f for f in cfg.families}
+        unknown = [f for f in families if f not in have]
+        if unknown:
+            raise ConfigError(f"--families / run_families: {', '.join(unknown)} not in {path} "
+                          f"(have: {', '.join(have)})")
+        cfg.families = [have[f] for f in families]
+        cfg.run_families = list(families)
+    validate_isoflop(cfg, str(path))
+    return cfg
+
+
+def validate_isoflop(cfg: IsoflopConfig, where: str = "isoflop") -> None:
+    def need(ok: bool, msg: str) -> None:
+        if not ok:
+            raise ConfigError(f"{where}: {msg}")
+
+    need(len(cfg.budgets) >= 2, f"budgets: need >= 2 training-FLOP budgets (got {cfg.budgets})")
+    need(all(b > 0 for b in cfg.budgets) and list(cfg.budgets) == sorted(set(cfg.budgets)),
+         f"budgets must be positive, distinct and ascending (got {cfg.budgets})")
+    need(bool(cfg.families), "no [[families]]")
+    names = [f.name for f in cfg.families]
+    need(all(names) and len(set(names)) == len(names), f"every family needs a unique name (got {names})")
+    for f in cfg.families:
+        n = len(size_overrides(f))
+        need(n >= 1, f"family {f.name!r} has no sizes")
+        need(cfg.lr_size < n, f"lr_size = {cfg.lr_size} but family {f.name!r} has {n} sizes")
+    need(cfg.seeds >= 1, f"seeds must be >= 1 (got {cfg.seeds})")
+    need(all(lr > 0 for lr in cfg.lr_grid), f"lr_grid values must be > 0 (got {cfg.lr_grid})")
+    need(cfg.lr_size >= 0, f"lr_size must be >= 0 (got {cfg.lr_size})")
+    need(cfg.bootstrap >= 0 and cfg.min_steps >= 1 and cfg.max_epochs > 0 and cfg.eval_rows >= 0,
+         "bootstrap >= 0, min_steps >= 1, max_epochs > 0 and eval_rows >= 0")
+
+
+# --------------------------------------------------------------------------- the plan (pure arithmetic)
+@dataclass
+class PlannedRun:
+    """One (budget, family, size) point: how many rows its budget buys."""
+
+    family: str
+    size: int
+    budget: int  # index into budgets
+    flops_budget: float  # C asked for
+    fwd_flops: int  # forward FLOPs / example
+    steps: int
+    examples: int  # steps x batch size: the rows actually read
+    train_flops: float  # 3 x fwd x examples: C as spent (rounded to whole batches)
+    epochs: float  # examples / training rows
+
+
+def rows_for_budget(flops_budget: float, fwd_flops: int, batch_size: int) -> tuple[int, int]:
+    """(steps, examples) that spend ``flops_budget`` training FLOPs: rows = C / (3 x forward FLOPs),
+    rounded to whole batches (at least one)."""
+    if fwd_flops <= 0 or batch_size <= 0:
+        raise ConfigError(f"forward FLOPs/example ({fwd_flops}) and batch size ({batch_size}) must be > 0")
+    steps = max(1, round(flops_budget / (3.0 * fwd_flops) / batch_size))
+    return steps, steps * batch_size
+
+
+def plan_grid(budgets: list[float], fwd_flops: dict[str, list[int]], batch_size: dict[str, int],
+              train_rows: int, min_steps: int = 1, max_epochs: float = 1.0) -> list[PlannedRun]:
+    """Every (budget, family, size) with its rows (``batch_size`` per family); a ConfigError naming every
+    run that would get fewer than ``min_steps`` steps or read the training rows more than ``max_epochs``
+    times."""
+    plan, bad = [], []
+    for b, c in enumerate(budgets):
+        for fam, ladder in fwd_flops.items():
+            for i, fwd in enumerate(ladder):
+                steps, ex = rows_for_budget(c, fwd, batch_size[fam])
+                run = PlannedRun(fam, i, b, float(c), int(fwd), steps, ex, 3.0 * fwd * ex, ex / train_rows)
+                if steps < min_steps:
+                    bad.append(f"{fam} size {i} at C={c:.3g}: {steps} steps < min_steps {min_steps}")
+                if run.epochs > max_epochs + 1e-9:
+                    bad.append(f"{fam} size {i} at C={c:.3g}: {ex} rows = {run.epochs:.2f} passes over "
+                               f"the {train_rows} training rows > max_epochs {max_epochs}")
+                plan.append(run)
+    if bad:
+        more = f"; and {len(bad) - 4} more" if len(bad) > 4 else ""
+        raise ConfigError("isoflop plan: " + "; ".join(bad[:4]) + more + " (raise data.sim.rows, or move the "
+                          "budgets or the sizes closer together)")
+    return plan
+
+
+def format_plan(plan: list[PlannedRun], lrs: int, seeds: int) -> str:
+    """The grid as a table, plus the run count of the whole study (grid + lr grid + extra seeds)."""
+    lines = [f"{'family':<8}{'size':>5}{'C':>10}{'MFLOP/ex':>10}{'steps':>8}{'rows':>10}{'epochs':>8}"]
+    for r in plan:
+        lines.append(f"{r.family:<8}{r.size:>5}{r.flops_budget:>10.3g}{r.fwd_flops / 1e6:>10.3f}"
+                     f"{r.steps:>8d}{r.examples:>10d}{r.epochs:>8.3f}")
+    fams = sorted({r.family for r in plan})
+    budgets = len({r.budget for r in plan})
+    n = len(plan) + len(fams) * (max(lrs - 1, 0) + budgets * (seeds - 1))
+    lines.append(f"{len(plan)} grid runs; with the lr grid and the extra seeds about {n} runs "
+                 f"(+ up to {2 * len(fams)} lr-transfer checks)")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- runs
+def study_splits(ds: Any) -> tuple[str, str, str]:
+    """(train, validation, test) partition specs: days but the last two / the day before the last / the
+    last day; a dataset with named splits uses @train / @valid / @test."""
+    from opengem.data.splits import NAMED, TIME, layout
+
+    parts = ds.select("@all")
+    kind = layout(parts)
+    if kind == NAMED and {"train", "valid", "test"} <= set(parts):
+        return "@train", "@valid", "@test"
+    if kind != TIME or len(parts) < 3:
+        raise ConfigError(f"{ds.root}: the study needs >= 3 day=NNN partitions (train, validation, test) "
+                          f"or named train/valid/test splits (have: {', '.join(parts)})")
+    return ",".join(parts[:-2]), parts[-2], parts[-1]
+
+
+@dataclass
+class Study:
+    """What every run of a study shares: the config, the data and its splits, the base run configs."""
+
+    cfg: IsoflopConfig
+    out: Path
+    data: Path
+    train_spec: str
+    valid_spec: str
+    test_spec: str
+    train_rows: int
+    extra: list[str]
+    fwd: dict[str, list[int]] = field(default_factory=dict)
+    sizes: dict[str, list[list[str]]] = field(default_factory=dict)
+
+    def run_config(self, fam: FamilySweep, size: int, steps: int, lr: float | None, seed: int) -> Any:
+        from opengem.train.config import load_run_config
+
+        ovr = ["train.progress=false", "train.eval_every=0", "train.epochs=1", *self.cfg.overrides,
+               *fam.overrides, f"model.name={fam.model or fam.name}", *self.sizes[fam.name][size],
+               *self.extra]
+        rc = load_run_config(self.cfg.base, ovr)
+        rc.data.path = str(self.data)
+        rc.data.train, rc.data.eval = self.train_spec, self.valid_spec
+        rc.train.steps = steps
+        rc.train.seed = seed
+        rc.train.early_stop.patience = 0
+        rc.train.final_eval = False  # train_and_test evaluates validation and test itself
+        rc.train.warmup_steps = min(rc.train.warmup_steps, max(1, steps // 10))
+        if lr is not None:
+            rc.train.lr = lr
+        rc.validate()
+        return rc
+
+
+def run_name(family: str, size: int, budget: int, lr: float | None, seed: int) -> str:
+    return f"{family}-s{size}-b{budget}-lr{'recipe' if lr is None else format(lr, 'g')}-seed{seed}"
+
+
+def train_and_test(rc: Any, run_dir: Path, test_spec: str, eval_rows: int = 0) -> tuple[dict[str, Any], bool]:
+    """Train one run, then evaluate it on the validation (``data.eval``) and test partitions, each on its
+    first ``eval_rows`` rows in whole eval batches (0 = all); reuses RUN/result.json when it was written
+    for the identical resolved config and evaluation. Returns (record, trained now)."""
+    from opengem.train.trainer import Trainer
+
+    ident = hashlib.sha256(json.dumps(to_dict(rc), sort_keys=True, default=str).encode()).hexdigest()
+    done = run_dir / "result.json"
+    batch = rc.data.eval_batch_size or rc.data.batch_size
+    max_batches = -(-eval_rows // batch) if eval_rows else 0
+    if done.exists():
+        rec = json.loads(done.read_text())
+        if (rec.get("config_sha256"), rec.get("test_spec"), rec.get("eval_batches")) == \
+                (ident, test_spec, max_batches):
+            return rec, False
+    with Trainer(rc, run_dir, rc.data.path, force=True) as tr:
+        s = tr.fit()
+        valid = tr.evaluate(rc.data.eval, max_batches=max_batches)["metrics"]
+        test = tr.evaluate(test_spec, max_batches=max_batches)["metrics"]
+    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
+    setup = [r for r in records if r.get("kind") == "setup"][-1]
+    rec = {"config_sha256": ident, "test_spec": test_spec, "eval_batches": max_batches,
+           "steps": s["steps"], "examples": s["examples"],
+           "flops_per_example": s["flops_per_example"], "train_seconds": s["train_seconds"],
+           "examples_per_s": s["examples_per_s"], "dense_params": setup.get("dense_params"),
+           "embedding_params": setup.get("embedding_params"), "valid": valid, "test": test}
+    atomic_write_text(done, json.dumps(rec, indent=2))
+    return rec, True
+
+
+def prepare_study(cfg: IsoflopConfig, out: Path, data_dir: str | Path | None, extra: list[str],
+                  log: Callable[[str], None], plan_only: bool = False) -> Study:
+    """Simulate the stream once (or take ``data_dir``), split it, resolve every size and count its FLOPs.
+
+    ``plan_only`` with the simulator: a sample of a few thousand rows per day (same config otherwise, so
+    the same schema) into OUT/plan-data, and the training rows the full stream will have from the
+    simulator's even split of rows over days; so a plan costs seconds, not the stream's simulation."""
+    import pyarrow.parquet as pq
+
+    from opengem.data.dataset import Dataset
+    from opengem.data.sim_config import SimConfig
+    from opengem.data.sim_core import day_bounds
+    from opengem.model.registry import build_model
+    from opengem.train.config import load_run_config
+    from opengem.train.data import prepare_data
+
+    base = load_run_config(cfg.base, [*cfg.overrides, *extra])
+    t0 = time.perf_counter()
+    simulated = not (data_dir or base.data.path)
+    planned_rows = None
+    if plan_only and simulated:
+        sim = SimConfig.from_dict(dict(base.data.sim))
+        planned_rows = int(day_bounds(sim)[-3])  # rows before the last two days (validation, test)
+        base.data.sim["rows"] = min(sim.rows, sim.days * 2000)
+        data = prepare_data(base.data, out / "plan-data", None)
+    else:
+        data = prepare_data(base.data, out, data_dir)
+    ds = Dataset(data)
+    train, valid, test = study_splits(ds)
+    rows = planned_rows or sum(pq.ParquetFile(f).metadata.num_rows for f in ds.files(train))
+    log(f"isoflop: data {data} ({rows} training rows; train {train}, validation {valid}, test {test}) "
+        f"ready in {time.perf_counter() - t0:.1f}s")
+    st = Study(cfg, out, data, train, valid, test, rows, extra)
+    for fam in cfg.families:
+        st.sizes[fam.name] = size_overrides(fam)
+        ladder = []
+        for i in range(len(st.sizes[fam.name])):
+            rc = st.run_config(fam, i, 1, None, 0)
+            ladder.append(int(build_model(ds.schema, rc.model).flops_per_example()))
+        st.fwd[fam.name] = ladder
+    return st
+
+
+def selection_ne(metrics: dict[str, Any] | None, metric: str) -> float:
+    """The one NE a run is ranked by (``metric``, see IsoflopConfig); NaN when a key is missing."""
+    from opengem.bench.size_ladder import metric_keys, select_ne
+
+    if not metrics:
+        return float("nan")
+    return select_ne(metrics, metric_keys(metric, sorted(metrics)))
+
+
+def run_study(cfg: IsoflopConfig, out: str | Path, data_dir: str | Path | None = None,
+              run_overrides: list[str] | None = None, log: Callable[[str], None] | None = None,
+              plan_only: bool = False) -> dict[str, Any]:
+    """Run (or resume) the study and write OUT/isoflop.json, OUT/isoflop_runs.csv and OUT/isoflop.png."""
+    from opengem.bench.isoflop_report import summarize_study, write_study_outputs
+
+    log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    save_config(cfg, out / "isoflop.toml")
+    t_start = time.perf_counter()
+    st = prepare_study(cfg, out, data_dir, list(run_overrides or []), log, plan_only)
+    batch = _batch_size(st)
+    plan = plan_grid(cfg.budgets, st.fwd, batch, st.train_rows, cfg.min_steps, cfg.max_epochs)
+    if plan_only:
+        return {"plan": [asdict(p) for p in plan], "train_rows": st.train_rows, "batch_size": batch,
+                "plan_text": format_plan(plan, len(cfg.lr_grid), cfg.seeds)}
+    fams = {f.name: f for f in cfg.families}
+    cell = {(p.family, p.size, p.budget): p for p in plan}
+    records: list[dict[str, Any]] = []
+    counter = [0]
+
+    def run(fam: str, size: int, budget: int, lr: float | None, seed: int, role: str) -> dict[str, Any]:
+        p = cell[(fam, size, budget)]
+        name = run_name(fam, size, budget, lr, seed)
+        existing = next((r for r in records if r["name"] == name), None)
+        if existing is not None:
+            existing["roles"] = sorted({*existing["roles"], role})
+            return existing
+        t1 = time.perf_counter()
+        rec, trained = train_and_test(st.run_config(fams[fam], size, p.steps, lr, seed), out / "runs" / name,
+                                      st.test_spec, cfg.eval_rows)
+        counter[0] += trained
+        row = {"name": name, "family": fam, "model": fams[fam].model or fam, "size": size, "budget": budget,
+               "flops_budget": p.flops_budget, "lr": lr, "seed": seed, "roles": [role],
+               "overrides": " ".join(st.sizes[fam][size]), "fwd_flops": rec["flops_per_example"],
+               "steps": rec["steps"], "examples": rec["examples"],
+               "train_flops": 3.0 * rec["flops_per_example"] * rec["examples"],
+               "dense_params": rec["dense_params"], "train_seconds": rec["train_seconds"],
+               "examples_per_s": rec["examples_per_s"], "valid_ne": selection_ne(rec["valid"], cfg.metric),
+               "test_ne": selection_ne(rec["test"], cfg.metric), "valid": rec["valid"], "test": rec["test"]}
+        records.append(row)
+        how = f"{time.perf_counter() - t1:.1f}s" if trained else "reused"
+        log(f"isoflop: [{len(records)}] {name} ({role}): {rec['examples']} rows, "
+            f"valid NE {row['valid_ne']:.5f}, test NE {row['test_ne']:.5f}, {how}")
+        return row
+
+    # 1. learning rate per family on the smallest budget
+    lr_choice: dict[str, float | None] = {}
+    lr_grid_res: dict[str, dict[str, float]] = {}
+    for fam in fams:
+        grid: list[float | None] = list(cfg.lr_grid) or [None]
+        scores = {lr: run(fam, cfg.lr_size, 0, lr, 0, "lr-grid")["valid_ne"] for lr in grid}
+        lr_choice[fam] = min(grid, key=lambda lr: _nan_last(scores[lr]))
+        lr_grid_res[fam] = {("recipe" if lr is None else format(lr, "g")): v for lr, v in scores.items()}
+    # 2. every (budget, family, size) at the family's rate
+    for b in range(len(cfg.budgets)):
+        for fam in fams:
+            for i in range(len(st.sizes[fam])):
+                run(fam, i, b, lr_choice[fam], 0, "grid")
+    # 3. extra seeds at each budget's best size (chosen on validation)
+    best: dict[str, list[int]] = {}
+    for fam in fams:
+        best[fam] = []
+        for b in range(len(cfg.budgets)):
+            pts = [r for r in records if r["family"] == fam and r["budget"] == b and r["seed"] == 0
+                   and r["lr"] == lr_choice[fam]]
+            best[fam].append(min(pts, key=lambda r: _nan_last(r["valid_ne"]))["size"])
+            for seed in range(1, cfg.seeds):
+                run(fam, best[fam][b], b, lr_choice[fam], seed, "frontier")
+    # 4. does the rate transfer? its grid neighbours at the largest budget's best size
+    lr_check: dict[str, dict[str, float]] = {}
+    if cfg.lr_check and cfg.lr_grid:
+        last = len(cfg.budgets) - 1
+        for fam in fams:
+            grid_s = sorted(cfg.lr_grid)
+            j = grid_s.index(lr_choice[fam])  # type: ignore[arg-type]
+            check = {}
+            for lr in grid_s[max(j - 1, 0):j + 2]:
+                check[format(lr, "g")] = run(fam, best[fam][last], last, lr, 0, "lr-check")["valid_ne"]
+            lr_check[fam] = check
+    result = summarize_study(cfg, st, records, lr_choice, lr_grid_res, lr_check, best, plan)
+    result["elapsed_s"] = time.perf_counter() - t_start
+    result["runs_trained_now"] = counter[0]
+    write_study_outputs(out, records, result)
+    return result
+
+
+def _batch_size(st: Study) -> dict[str, int]:
+    return {f.name: int(st.run_config(f, 0, 1, None, 0).data.batch_size) for f in st.cfg.families}
+
+
+def _nan_last(x: float) -> float:
+    return x if x == x else float("inf")

@@ -1,0 +1,292 @@
+"""The iso-FLOP study's runs -> frontier with CIs, fitted laws, compute-efficiency ratios, calibration.
+
+Frontier: per family and budget, the size validation chose, scored on the test day over every seed run at
+it (mean and 95 % t interval). The law ``NE = a * C^-b + c`` is fitted per family on its frontier means
+(c searched between the oracle NE and the lowest NE: no family can beat the oracle). Efficiency ratio of a
+baseline at a budget: the budget its fitted law needs to reach the reference's measured frontier NE there,
+over that budget; its interval resamples the seeds of both families (bootstrap) and refits. Calibration
+(mean prediction / observed rate) is reported pooled per task and per surface x task for every frontier
+point, averaged over its seeds, with the issue's bounds ([0.95, 1.05] pooled, [0.85, 1.15] per cell).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from opengem.bench.fit import PowerLaw, fit_power_law, mean_ci, percentile_interval
+from opengem.bench.size_ladder import metric_keys
+
+POOLED_BOUNDS = (0.95, 1.05)
+CELL_BOUNDS = (0.85, 1.15)
+OPTIMAL_KEYS = ("budget", "flops_budget", "size", "fwd_flops", "examples", "dense_params")
+
+
+def calibration_summary(metrics_per_seed: list[dict[str, Any]]) -> dict[str, Any]:
+    """Calibration per key averaged over seeds; ``pooled`` = the ``all/<task>`` keys, ``cells`` the rest,
+    and whether each lies within its bound."""
+    keys = sorted({k for m in metrics_per_seed for k in m})
+    mean = {}
+    for k in keys:
+        vals = [m[k]["calibration"] for m in metrics_per_seed
+                if k in m and m[k].get("calibration") is not None]
+        if vals:
+            mean[k] = float(np.mean(vals))
+    pooled = {k: v for k, v in mean.items() if k.startswith("all/")}
+    cells = {k: v for k, v in mean.items() if not k.startswith("all/")}
+    cell_vals = list(cells.values())
+    return {"pooled": pooled, "cells": cells,
+            "cell_range": [min(cell_vals), max(cell_vals)] if cell_vals else None,
+            "pooled_ok": all(POOLED_BOUNDS[0] <= v <= POOLED_BOUNDS[1] for v in pooled.values()),
+            "cells_ok": all(CELL_BOUNDS[0] <= v <= CELL_BOUNDS[1] for v in cell_vals)}
+
+
+def fit_frontier(cs: list[float], nes: list[float], floor: float | None, grid: int = 400) -> PowerLaw | None:
+    """The law on a frontier: c free in [floor, min NE); None when it cannot be fitted (too few points)."""
+    try:
+        return fit_power_law(cs, nes, c_min=floor, grid=grid)
+    except ValueError:
+        return None
+
+
+def efficiency_ratio(base: PowerLaw | None, target_ne: float, c: float) -> float:
+    """The compute ``base`` needs to reach ``target_ne``, over ``c``; inf = never (its asymptote is above),
+    NaN = its law does not fall with compute."""
+    if base is None or not base.decreasing:
+        return float("nan")
+    return base.inverse(target_ne) / c
+
+
+def summarize_study(cfg: Any, st: Any, records: list[dict[str, Any]], lr_choice: dict[str, Any],
+                    lr_grid: dict[str, dict[str, float]], lr_check: dict[str, dict[str, float]],
+                    best: dict[str, list[int]], plan: list[Any]) -> dict[str, Any]:
+    from opengem.bench.size_ladder import oracle_with_totals
+    from opengem.data.dataset import Dataset
+
+    keys = sorted(next(r["test"] for r in records if r["test"]))
+    mk = metric_keys(cfg.metric, keys)
+    oracle_keys: dict[str, float] = {}
+    if Dataset(st.data).truth_files(st.test_spec):
+        oracle_keys = {k: v for k, v in oracle_with_totals(st.data, st.test_spec).items() if v == v}
+    floor = None
+    if oracle_keys and all(k in oracle_keys for k in mk):
+        floor = float(np.mean([oracle_keys[k] for k in mk]))
+
+    frontier: dict[str, list[dict[str, Any]]] = {}
+    seeds_ne: dict[str, list[list[float]]] = {}
+    curves: dict[str, list[list[dict[str, Any]]]] = {}
+    for fam in best:
+        frontier[fam], seeds_ne[fam], curves[fam] = [], [], []
+        for b, size in enumerate(best[fam]):
+            at = [r for r in records if r["family"] == fam and r["budget"] == b and r["size"] == size
+                  and r["lr"] == lr_choice[fam]]
+            at.sort(key=lambda r: r["seed"])
+            nes = [r["test_ne"] for r in at]
+            mean, half = mean_ci(nes)
+            first = at[0]
+            per_key = {}
+            for k in keys:
+                vals = [r["test"][k]["ne"] for r in at if r["test"].get(k, {}).get("ne") is not None]
+                if len(vals) == len(at):
+                    per_key[k] = float(np.mean(vals))
+            frontier[fam].append({
+                "budget": b, "flops_budget": first["flops_budget"], "train_flops": first["train_flops"],
+                "size": size, "overrides": first["overrides"], "fwd_flops": first["fwd_flops"],
+                "examples": first["examples"], "dense_params": first["dense_params"], "lr": lr_choice[fam],
+                "seeds": len(at), "ne": mean, "ne_ci95": half, "ne_seeds": nes, "valid_ne": first["valid_ne"],
+                "ne_per_key": per_key, "calibration": calibration_summary([r["test"] for r in at])})
+            seeds_ne[fam].append(nes)
+            pts = sorted((r for r in records if r["family"] == fam and r["budget"] == b and r["seed"] == 0
+                          and r["lr"] == lr_choice[fam]), key=lambda r: r["size"])
+            curves[fam].append([{"size": r["size"], "fwd_flops": r["fwd_flops"], "examples": r["examples"],
+                                 "valid_ne": r["valid_ne"], "test_ne": r["test_ne"]} for r in pts])
+
+    fits: dict[str, PowerLaw | None] = {
+        fam: fit_frontier([p["train_flops"] for p in fr], [p["ne"] for p in fr], floor)
+        for fam, fr in frontier.items()}
+    ref = cfg.reference
+    efficiency: dict[str, list[dict[str, Any]]] = {}
+    if ref in frontier:
+        rng = np.random.default_rng(0)
+        boot = _bootstrap_means(seeds_ne, cfg.bootstrap, rng)
+        for fam in frontier:
+            if fam == ref:
+                continue
+            fr, lo_c, hi_c = frontier[fam], frontier[fam][0]["train_flops"], frontier[fam][-1]["train_flops"]
+            boot_fits = [fit_frontier([p["train_flops"] for p in fr], list(bm[fam]), floor, grid=100)
+                         for bm in boot]
+            rows: list[dict[str, Any]] = []
+            for b, p_ref in enumerate(frontier[ref]):
+                ratio = efficiency_ratio(fits[fam], p_ref["ne"], p_ref["train_flops"])
+                samples = [efficiency_ratio(f, float(bm[ref][b]), p_ref["train_flops"])
+                           for f, bm in zip(boot_fits, boot)]
+                needed = ratio * p_ref["train_flops"]
+                rows.append({"budget": b, "c_ref": p_ref["train_flops"], "ne_ref": p_ref["ne"],
+                             "ratio": ratio, "reachable": (not math.isinf(ratio)) if ratio == ratio else None,
+                             "ci95": list(percentile_interval(samples)),
+                             "unreachable_share": float(np.mean([math.isinf(s) for s in samples])) if samples
+                             else None,
+                             "extrapolated": bool(math.isfinite(needed) and not lo_c <= needed <= hi_c)
+                             if needed == needed else None})
+            efficiency[fam] = rows
+    gap = _gap_closed(frontier, oracle_keys, keys)
+    lr_transfer = {fam: (min(chk, key=lambda k: chk[k] if chk[k] == chk[k] else math.inf)
+                         == format(lr_choice[fam], "g")) for fam, chk in lr_check.items()}
+    return {
+        "metric": cfg.metric, "metric_keys": mk, "oracle_ne": floor, "oracle_per_key": oracle_keys,
+        "budgets": list(cfg.budgets), "splits": {"train": st.train_spec, "valid": st.valid_spec,
+                                                 "test": st.test_spec}, "train_rows": st.train_rows,
+        "law": "NE = a * C^-b + c on the frontier, C = training FLOPs = 3 x forward FLOPs/example x rows",
+        "lr": {"rule": f"grid {cfg.lr_grid} at the smallest budget on ladder rung {cfg.lr_size}, seed 0, "
+                       "lowest validation NE; reused at every budget and size of the family",
+               "chosen": dict(lr_choice), "grid": lr_grid, "check_largest_budget": lr_check,
+               "chosen_still_best_at_largest": lr_transfer},
+        "frontier": frontier, "fits": {k: (v.to_dict() if v else None) for k, v in fits.items()},
+        "efficiency_reference": ref, "efficiency": efficiency, "gap_closed_vs_dlrm": gap,
+        "compute_optimal": {f: [{k: p[k] for k in OPTIMAL_KEYS} for p in fr] for f, fr in frontier.items()},
+        "isoflop_curves": curves, "runs": len(records),
+        "plan": [{k: getattr(p, k) for k in ("family", "size", "budget", "fwd_flops", "steps", "examples")}
+                 for p in plan],
+    }
+
+
+def _bootstrap_means(seeds_ne: dict[str, list[list[float]]], n: int, rng: np.random.Generator
+                     ) -> list[dict[str, np.ndarray]]:
+    """``n`` resamples: per family and budget, the mean of its seeds drawn with replacement."""
+    out = []
+    for _ in range(n):
+        out.append({fam: np.array([float(np.mean(rng.choice(v, size=len(v)))) for v in per_b])
+                    for fam, per_b in seeds_ne.items()})
+    return out
+
+
+def _gap_closed(frontier: dict[str, list[dict[str, Any]]], oracle: dict[str, float], keys: list[str]
+                ) -> dict[str, list[dict[str, float]]]:
+    """Per family and budget, per pooled task: (NE_dlrm - NE_family) / (NE_dlrm - NE_oracle)."""
+    if "dlrm" not in frontier or not oracle:
+        return {}
+    out: dict[str, list[dict[str, float]]] = {}
+    tasks = [k for k in keys if k.startswith("all/") and k in oracle]
+    for fam, fr in frontier.items():
+        out[fam] = []
+        for p, d in zip(fr, frontier["dlrm"]):
+            row = {}
+            for k in tasks:
+                ne, ne_d = p["ne_per_key"].get(k), d["ne_per_key"].get(k)
+                if ne is not None and ne_d is not None and ne_d > oracle[k]:
+                    row[k] = (ne_d - ne) / (ne_d - oracle[k])
+            out[fam].append(row)
+    return out
+
+
+def json_safe(x: Any) -> Any:
+    """JSON has no NaN or Infinity: non-finite numbers become None (the table and flags say why)."""
+    if isinstance(x, dict):
+        return {k: json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [json_safe(v) for v in x]
+    if isinstance(x, (float, np.floating)):
+        return float(x) if math.isfinite(x) else None
+    if isinstance(x, np.integer):
+        return int(x)
+    return x
+
+
+def _fmt(x: Any, spec: str = ".4f") -> str:
+    if x is None or (isinstance(x, float) and x != x):
+        return "-"
+    if isinstance(x, float) and math.isinf(x):
+        return "inf"
+    return format(x, spec)
+
+
+def format_study(res: dict[str, Any]) -> str:
+    """The printed report: lr choice, frontier (NE +- CI, calibration), laws, efficiency ratios."""
+    lines = [f"NE metric: {res['metric']} ({', '.join(res['metric_keys'])}) on the test day "
+             f"{res['splits']['test']}; oracle NE {_fmt(res['oracle_ne'])}",
+             f"learning rate: {res['lr']['rule']}"]
+    for fam, grid in res["lr"]["grid"].items():
+        chk = res["lr"]["check_largest_budget"].get(fam)
+        tail = ""
+        if chk:
+            ok = res["lr"]["chosen_still_best_at_largest"][fam]
+            tail = "; at the largest budget " + ", ".join(f"{k}: {_fmt(v, '.5f')}" for k, v in chk.items())
+            tail += " (chosen still best)" if ok else " (chosen NOT best: the rate does not transfer)"
+        lines.append(f"  {fam:<7} chose {res['lr']['chosen'][fam]}; validation NE "
+                     + ", ".join(f"{k}: {_fmt(v, '.5f')}" for k, v in grid.items()) + tail)
+    tasks = [k for k in res["oracle_per_key"] if k.startswith("all/")] or \
+        sorted({k for fr in res["frontier"].values() for p in fr for k in p["calibration"]["pooled"]})
+    head = (f"{'family':<7}{'C':>9}{'size':>5}{'MFLOP/ex':>9}{'rows':>9}{'NE':>9}{'+-95%':>8}{'n':>3}"
+            + "".join(f"{'cal ' + k.split('/')[1][:5]:>11}" for k in tasks) + f"{'cell cal range':>16}"
+            + ("".join(f"{'gap ' + k.split('/')[1][:5]:>11}" for k in tasks) if res["gap_closed_vs_dlrm"]
+               else ""))
+    lines += ["", "frontier (best size per budget by validation NE; NE mean over seeds with 95 % t interval; "
+              "cal = mean prediction / observed rate; gap = share of the DLRM->oracle NE gap closed)",
+              head, "-" * len(head)]
+    for fam, fr in res["frontier"].items():
+        for b, p in enumerate(fr):
+            cal = p["calibration"]
+            rng = cal["cell_range"]
+            line = (f"{fam:<7}{p['train_flops']:>9.2e}{p['size']:>5d}{p['fwd_flops'] / 1e6:>9.3f}"
+                    f"{p['examples']:>9d}{_fmt(p['ne']):>9}{_fmt(p['ne_ci95']):>8}{p['seeds']:>3d}"
+                    + "".join(f"{_fmt(cal['pooled'].get(k), '.3f'):>11}" for k in tasks)
+                    + f"{(f'{rng[0]:.2f}-{rng[1]:.2f}' if rng else '-'):>16}")
+            if res["gap_closed_vs_dlrm"]:
+                g = res["gap_closed_vs_dlrm"][fam][b]
+                line += "".join(f"{_fmt(g.get(k), '.1%'):>11}" for k in tasks)
+            lines.append(line)
+    lines += ["", f"fitted law per family ({res['law']}):"]
+    for fam, f in res["fits"].items():
+        law = "not fitted (too few frontier points)" if f is None else \
+            f"NE = {f['a']:.4g} * C^({-f['b']:.4f}) + {f['c']:.5f} (rmse {f['rmse']:.1e})" \
+            + ("" if f["a"] > 0 and f["b"] > 0 else ": does NOT fall with compute")
+        lines.append(f"  {fam:<7}{law}")
+    ref = res["efficiency_reference"]
+    for fam, rows in res["efficiency"].items():
+        lines.append(f"compute {fam} needs to reach {ref}'s frontier NE, as a multiple of {ref}'s budget "
+                     "(on its fitted law; 95 % bootstrap over seeds):")
+        for r in rows:
+            head = f"  C={r['c_ref']:.2e} {ref} NE {r['ne_ref']:.5f}: "
+            if r["ratio"] != r["ratio"]:
+                lines.append(head + f"- ({fam}'s fitted NE does not fall with compute)")
+                continue
+            tag = " (extrapolated beyond its measured budgets)" if r["extrapolated"] else ""
+            what = f"{_fmt(r['ratio'], '.3g')}x" if r["reachable"] else "never (asymptote above this NE)"
+            lines.append(head + what
+                         + f" [95 % {_fmt(r['ci95'][0], '.3g')}, {_fmt(r['ci95'][1], '.3g')}]{tag}"
+                         + (f", never reached in {r['unreachable_share']:.1%} of resamples"
+                            if r["unreachable_share"] else ""))
+    lines += ["", "iso-FLOP curves (test NE per size, seed 0; * = compute-optimal by validation):"]
+    for fam, per_b in res["isoflop_curves"].items():
+        for b, pts in enumerate(per_b):
+            best = res["frontier"][fam][b]["size"]
+            lines.append(f"  {fam:<7} C={res['budgets'][b]:.2e}: " + ", ".join(
+                f"s{q['size']} {q['fwd_flops'] / 1e6:.2f}MF {q['examples']}r {_fmt(q['test_ne'])}"
+                + ("*" if q["size"] == best else "") for q in pts))
+    return "\n".join(lines)
+
+
+def write_study_outputs(out: Path, records: list[dict[str, Any]], result: dict[str, Any]) -> None:
+    """OUT/isoflop.json (the summary), OUT/isoflop_runs.csv (one row per run), OUT/isoflop.png."""
+    from opengem.bench.scaling_plot import plot_isoflop
+
+    flat = []
+    for r in records:
+        row = {k: v for k, v in r.items() if k not in ("valid", "test")}
+        row["roles"] = "+".join(r["roles"])
+        for k, m in sorted((r["test"] or {}).items()):
+            row[f"test_ne[{k}]"] = m.get("ne")
+            row[f"test_cal[{k}]"] = m.get("calibration")
+        flat.append(row)
+    cols = list(dict.fromkeys(k for r in flat for k in r))
+    with open(out / "isoflop_runs.csv", "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=cols)
+        w.writeheader()
+        w.writerows(flat)
+    (out / "isoflop.json").write_text(json.dumps(json_safe(result), indent=2, allow_nan=False))
+    plot_isoflop(result, records, out / "isoflop.png")

@@ -1,0 +1,507 @@
+"""``opengem bench serve``: a bounded loopback load test of ``opengem serve``.
+
+For each backend a real ``opengem serve`` process is started on a free loopback port (its own process:
+the load generator's Python threads must not share the server's interpreter lock), then, for every
+(candidates per request, concurrent clients) cell, closed-loop clients on keep-alive connections send
+requests until ``--requests`` have been answered or ``--duration`` seconds have passed, whichever comes
+first: the benchmark always stops by itself. Each cell reports p50/p95/p99 latency as the client saw it
+(send to last byte) and requests/s, after a short warm-up that is not timed.
+
+The swap phase serves a scratch run folder whose ``versions/`` the benchmark itself publishes: while
+clients load the server, it publishes ``--swap-versions`` successive versions (copies of the model, or of
+the source run's versions in turn) and waits for each to be swapped in; every failed request counts.
+
+Requests are built from real rows: ``--data DIR`` (a canonical dataset: one candidate per row, the row's
+surface for the request) or ``--requests-file FILE.json`` (request objects whose candidates are pooled).
+Candidates are cycled to the size each cell asks for.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from opengem.bench.machine import load_average
+from opengem.data.dataset import Dataset
+from opengem.errors import UsageError
+from opengem.serve import arrow_io
+from opengem.serve.hot_swap import MANIFEST, VERSIONS, published_versions
+
+WARMUP_PER_CLIENT = 3
+
+
+@dataclass
+class CellResult:
+    """One (backend, candidates, clients) cell of the table."""
+
+    backend: str
+    candidates: int
+    clients: int
+    requests: int
+    errors: int
+    seconds: float
+    requests_per_s: float
+    p50_ms: float
+    p95_ms: float
+    p99_ms: float
+    phase: str = "steady"  # or "swap"
+    error_samples: list[str] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------- requests
+def candidate_pool(data: str | None, requests_file: str | None, limit: int = 4096
+                   ) -> tuple[list[dict[str, Any]], list[Any], dict[str, Any]]:
+    """(candidate rows, surfaces, context) to build requests from."""
+    if requests_file:
+        reqs = json.loads(Path(requests_file).read_text())
+        reqs = reqs if isinstance(reqs, list) else [reqs]
+        cands = [c for r in reqs for c in r.get("candidates", [])]
+        if not cands:
+            raise UsageError(f"--requests-file {requests_file}: no candidates in it")
+        return cands[:limit], [r.get("surface", 0) for r in reqs], reqs[0].get("context", {})
+    if data:
+        return _rows_from_data(Path(data), limit)
+    raise UsageError("give --data DIR (a dataset the model reads) or --requests-file FILE.json")
+
+
+def _rows_from_data(data: Path, limit: int) -> tuple[list[dict[str, Any]], list[Any], dict[str, Any]]:
+    ds = Dataset(data)
+    cols = ds.schema.feature_columns()
+    rows: list[dict[str, Any]] = []
+    surfaces: list[Any] = []
+    for f in ds.files("@all"):
+        t = pq.read_table(f, columns=[*cols, ds.schema.surface_column]).slice(0, limit - len(rows))
+        surfaces += t.column(ds.schema.surface_column).to_pylist()
+        rows += t.select(cols).to_pylist()
+        if len(rows) >= limit:
+            break
+    if not rows:
+        raise UsageError(f"--data {data}: no rows")
+    return rows, surfaces, {}
+
+
+def make_request(pool: list[dict[str, Any]], surfaces: list[Any], context: dict[str, Any], n: int,
+                 i: int, body_format: str = "json") -> bytes:
+    """Request ``i`` of ``n`` candidates as a JSON or an Arrow IPC body (see serve/arrow_io.py)."""
+    start = (i * n) % len(pool)
+    cands = [pool[(start + k) % len(pool)] for k in range(n)]
+    req: dict[str, Any] = {"surface": surfaces[i % len(surfaces)], "candidates": cands}
+    if context:
+        req["context"] = context
+    return arrow_io.encode_request(req) if body_format == "arrow" else json.dumps(req).encode()
+
+
+# --------------------------------------------------------------------------- the server process
+class ServerProcess:
+    """``opengem serve`` in a child process; its stderr is drained into :attr:`log` (never blocks it)."""
+
+    def __init__(self, cmd: list[str], threads: int | None) -> None:
+        env = dict(os.environ)
+        if threads:
+            env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                     env=env)
+        self.log: list[str] = []
+        self._port: int | None = None
+        self._ready = threading.Event()
+        threading.Thread(target=self._drain, daemon=True).start()
+
+    def _drain(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.log.append(line.rstrip())
+            m = re.search(r"listening on http://[^:]+:(\d+)", line)
+            if m:
+                self._port = int(m.group(1))
+                self._ready.set()
+        self._ready.set()
+
+    def wait_ready(self, timeout: float = 600.0) -> int:
+        self._ready.wait(timeout)
+        deadline = time.monotonic() + 60
+        while self._port is not None and time.monotonic() < deadline:
+            try:
+                if http_get(self._port, "/healthz")[0] == 200:
+                    return self._port
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        raise UsageError("opengem serve did not start: " + " | ".join(self.log[-5:]))
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        return self.proc.wait()
+
+
+def serve_command(model: Path, backend: str, extra: list[str]) -> list[str]:
+    """The server under test: ``opengem serve`` on a free port (the tests pass a fake model's instead)."""
+    return [sys.executable, "-m", "opengem.cli", "serve", "--model", str(model), "--backend", backend,
+            "--port", "0", *extra]
+
+
+def http_get(port: int, path: str) -> tuple[int, bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.request("GET", path)
+        r = conn.getresponse()
+        return r.status, r.read()
+    finally:
+        conn.close()
+
+
+# --------------------------------------------------------------------------- load
+def load_cell(port: int, bodies: list[bytes], clients: int, max_requests: int, duration_s: float,
+              stop: threading.Event | None = None, warmup: int = WARMUP_PER_CLIENT
+              ) -> tuple[list[float], int, float, list[str]]:
+    """Closed-loop clients until ``max_requests`` are answered, ``duration_s`` passes or ``stop`` is set.
+
+    Returns (latencies in s of the successful requests, errors, wall seconds, a few error texts). Warm-up
+    requests are not timed, but a failed one counts as an error like any other."""
+    latencies: list[float] = []
+    errors: list[str] = []
+    lock = threading.Lock()
+    sent = [0]
+    stop_at = [float("inf")]
+
+    def take() -> int | None:
+        with lock:
+            if sent[0] >= max_requests or time.perf_counter() > stop_at[0] or (stop and stop.is_set()):
+                return None
+            sent[0] += 1
+            return sent[0]
+
+    def one(conn: http.client.HTTPConnection, body: bytes) -> tuple[int, bytes, http.client.HTTPConnection]:
+        try:
+            status, text = _post(conn, body)
+        except (OSError, http.client.HTTPException) as e:
+            conn.close()
+            return -1, f"{type(e).__name__}: {e}".encode(), http.client.HTTPConnection("127.0.0.1", port,
+                                                                                       timeout=60)
+        return status, text, conn
+
+    def client(c: int) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        for w in range(warmup):
+            status, text, conn = one(conn, bodies[(c + w) % len(bodies)])
+            if status != 200:
+                with lock:
+                    errors.append(f"{status} {text[:200].decode('utf-8', 'replace')} (warm-up)")
+        barrier.wait()
+        while (i := take()) is not None:
+            t0 = time.perf_counter()
+            status, text, conn = one(conn, bodies[(c * 7919 + i) % len(bodies)])
+            dt = time.perf_counter() - t0
+            with lock:
+                if status == 200:
+                    latencies.append(dt)
+                else:
+                    errors.append(f"{status} {text[:200].decode('utf-8', 'replace')}")
+        conn.close()
+
+    barrier = threading.Barrier(clients + 1)
+    threads = [threading.Thread(target=client, args=(c,), daemon=True) for c in range(clients)]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    t0 = time.perf_counter()
+    stop_at[0] = t0 + duration_s
+    for t in threads:
+        t.join()
+    return latencies, len(errors), time.perf_counter() - t0, errors[:5]
+
+
+def _post(conn: http.client.HTTPConnection, body: bytes) -> tuple[int, bytes]:
+    """POST a body: a JSON request starts with ``{``, anything else is an Arrow IPC stream."""
+    ctype = "application/json" if body[:1] == b"{" else arrow_io.ARROW_STREAM
+    conn.request("POST", "/predict", body=body, headers={"Content-Type": ctype})
+    r = conn.getresponse()
+    return r.status, r.read()
+
+
+def summarize(backend: str, n: int, clients: int, lat: list[float], errors: int, seconds: float,
+              samples: list[str], phase: str = "steady") -> CellResult:
+    ms = np.asarray(lat) * 1e3 if lat else np.asarray([float("nan")])
+    p50, p95, p99 = (float(np.percentile(ms, q)) for q in (50, 95, 99))
+    return CellResult(backend, n, clients, len(lat) + errors, errors, seconds,
+                      len(lat) / seconds if seconds > 0 else 0.0, p50, p95, p99, phase, samples)
+
+
+# --------------------------------------------------------------------------- swap phase
+EXPORT_FORMAT = "opengem-export"  # an export folder's manifest.json says so (serve/artifact.py)
+
+
+def swap_sources(model: Path) -> list[Path]:
+    """What the swap phase publishes in turn: the run's versions, else the run folder itself.
+
+    An export folder cannot be published as a version: its own manifest.json (the artifact's digests)
+    is where an online version's manifest goes. Raises UsageError saying so."""
+    sources = [p for _, p in published_versions(model)]
+    if sources:
+        return sources
+    manifest = model / MANIFEST
+    if manifest.is_file() and EXPORT_FORMAT in manifest.read_text(errors="replace"):
+        raise UsageError(f"--model {model} is an export folder: the swap phase publishes run folders as "
+                         "versions; give a run folder, or --swap-versions 0")
+    return [model]
+
+
+def scratch_run(model: Path, root: Path) -> tuple[Path, list[Path]]:
+    """A run folder with v0001 = the first source; the sources to cycle through."""
+    sources = swap_sources(model)
+    run = root / "swap-run"
+    _publish(run, 1, sources[0])
+    return run, sources
+
+
+def _publish(run: Path, number: int, source: Path) -> None:
+    """Copy ``source`` to versions/vNNNN (not its own versions, lock or benchmark files), manifest last
+    (what makes it published)."""
+    d = run / VERSIONS / f"v{number:04d}"
+    shutil.copytree(source, d, ignore=shutil.ignore_patterns(MANIFEST, ".lock", VERSIONS, "serve_bench.json",
+                                                             "report.html"))
+    manifest = {}
+    if (source / MANIFEST).is_file():
+        manifest = json.loads((source / MANIFEST).read_text())
+    manifest.update(version=number, trained_through_ts=int(manifest.get("trained_through_ts", 0)) + number)
+    (d / MANIFEST).write_text(json.dumps(manifest))
+
+
+def swap_cell(port: int, run: Path, sources: list[Path], bodies: list[bytes], clients: int, versions: int,
+              timeout_s: float) -> tuple[tuple[list[float], int, float, list[str]], list[str]]:
+    """Load the server while ``versions`` new versions are published one by one and swapped in (each
+    given ``timeout_s`` to be swapped in or refused).
+
+    Returns load_cell's result and, per published version, the version served after it (or why it was
+    refused)."""
+    result: list[tuple[list[float], int, float, list[str]]] = []
+    stop = threading.Event()
+    t = threading.Thread(target=lambda: result.append(load_cell(port, bodies, clients, 10**12, 10**9, stop)),
+                         daemon=True)
+    t.start()
+    swapped: list[str] = []
+    time.sleep(0.5)  # under load before the first swap
+    for k in range(versions):
+        number = 2 + k
+        _publish(run, number, sources[(k + 1) % len(sources)])
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            h = json.loads(http_get(port, "/healthz")[1])
+            if h.get("swaps", 0) >= k + 1:
+                swapped.append(str(h.get("version")))
+                break
+            if str(number) in h.get("refused_versions", {}):
+                swapped.append(f"refused v{number:04d}: {h['refused_versions'][str(number)]}")
+                break
+            time.sleep(0.05)
+        time.sleep(0.3)  # serve the new version a while before the next
+    stop.set()
+    t.join()
+    return result[0], swapped
+
+
+# --------------------------------------------------------------------------- the benchmark
+@dataclass
+class SwapPlan:
+    """The swap phase: ``versions`` copies of ``model`` (a run) published under load, per backend."""
+
+    model: Path
+    backends: list[str]
+    versions: int = 5
+    candidates: int = 64
+    clients: int = 4
+
+
+def run_serve_bench(model: Path, backends: list[str], candidates: list[int], clients: list[int],
+                    max_requests: int, duration_s: float, pool: tuple[list[dict[str, Any]], list[Any],
+                                                                      dict[str, Any]],
+                    swap: SwapPlan | None = None, server_args: list[str] | None = None,
+                    threads: int | None = 1,
+                    server_cmd: Callable[[Path, str, list[str]], list[str]] = serve_command,
+                    body_format: str = "json") -> dict[str, Any]:
+    """Every (backend, candidates, clients) cell against ``model``, then the swap phase of ``swap``."""
+    rows, surfaces, context = pool
+    most = max(candidates + [swap.candidates if swap else 1])
+    extra = ["--max-candidates", str(most), *(server_args or [])]
+    if swap is not None:
+        swap_sources(swap.model)  # refuse an export folder before any measurement, not after
+    cells: list[CellResult] = []
+    swaps: list[dict[str, Any]] = []
+    load_before = load_average()
+    version = None
+    for backend in backends:
+        server = ServerProcess(server_cmd(model, backend, extra), threads)
+        try:
+            port = server.wait_ready()
+            version = json.loads(http_get(port, "/healthz")[1]).get("version")
+            for n in candidates:
+                bodies = [make_request(rows, surfaces, context, n, i, body_format) for i in range(32)]
+                for c in clients:
+                    lat, errs, secs, samples = load_cell(port, bodies, c, max_requests, duration_s)
+                    cells.append(summarize(backend, n, c, lat, errs, secs, samples))
+                    print(_row(cells[-1]), file=sys.stderr, flush=True)
+        finally:
+            server.stop()
+    for backend in swap.backends if swap is not None else []:
+        swaps.append(_swap_phase(server_cmd(swap.model, backend, extra), swap.model, threads, rows, surfaces,
+                                 context, swap.versions, swap.candidates, swap.clients, cells))
+    return {"model": str(model), "served_version": version, "swap_model": str(swap.model) if swap else None,
+            "backends": backends, "body_format": body_format, "max_requests": max_requests,
+            "duration_s": duration_s,
+            "server_threads": threads, "load_average_before": load_before,
+            "load_average_after": load_average(),
+            "cells": [asdict(c) for c in cells], "swaps": swaps,
+            "command": " ".join(["opengem", *sys.argv[1:]])}
+
+
+def _swap_phase(cmd: list[str], model: Path, threads: int | None, rows: list[dict[str, Any]],
+                surfaces: list[Any], context: dict[str, Any], versions: int, n: int, clients: int,
+                cells: list[CellResult]) -> dict[str, Any]:
+    """``cmd`` serves ``model``: the same command serves a scratch run of its versions instead."""
+    backend = cmd[cmd.index("--backend") + 1] if "--backend" in cmd else "?"
+    with tempfile.TemporaryDirectory(prefix="opengem-swap-") as tmp:
+        run, sources = scratch_run(model, Path(tmp))
+        cmd = [str(run) if a == str(model) else a for a in cmd] + ["--poll-s", "0.2"]
+        server = ServerProcess(cmd, threads)
+        try:
+            port = server.wait_ready()
+            bodies = [make_request(rows, surfaces, context, n, i) for i in range(32)]
+            (lat, errs, secs, samples), swapped = swap_cell(port, run, sources, bodies, clients, versions,
+                                                            600)
+        finally:
+            code = server.stop()
+    cells.append(summarize(backend, n, clients, lat, errs, secs, samples, phase="swap"))
+    print(_row(cells[-1]), file=sys.stderr, flush=True)
+    return {"backend": backend, "versions_published": versions, "swapped_to": swapped,
+            "requests": cells[-1].requests, "errors": errs, "server_exit": code}
+
+
+# --------------------------------------------------------------------------- table
+HEAD = (f"{'backend':<8}{'phase':<7}{'cands':>6}{'clients':>8}{'requests':>9}{'errors':>7}{'req/s':>9}"
+        f"{'p50 ms':>9}{'p95 ms':>9}{'p99 ms':>9}")
+
+
+def _row(c: CellResult) -> str:
+    return (f"{c.backend:<8}{c.phase:<7}{c.candidates:>6}{c.clients:>8}{c.requests:>9}{c.errors:>7}"
+            f"{c.requests_per_s:>9.1f}{c.p50_ms:>9.2f}{c.p95_ms:>9.2f}{c.p99_ms:>9.2f}")
+
+
+def format_table(result: dict[str, Any]) -> str:
+    cells = [CellResult(**c) for c in result["cells"]]
+    lines = [f"opengem serve on loopback, {result.get('body_format', 'json')} bodies, model "
+             f"{result['model']} ({result.get('served_version')}), server "
+             f"threads {result.get('server_threads')}, <= {result['max_requests']} requests or "
+             f"{result['duration_s']} s per cell, load average {result['load_average_before']} -> "
+             f"{result['load_average_after']}", HEAD, "-" * len(HEAD)]
+    lines += [_row(c) for c in cells]
+    for s in result.get("swaps", []):
+        lines.append(f"swap ({s['backend']}): {s['versions_published']} versions published, "
+                     f"{len([v for v in s['swapped_to'] if not v.startswith('refused')])} swapped in, "
+                     f"{s['requests']} requests, {s['errors']} errors, server exit {s['server_exit']}")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- command line
+def add_serve_arguments(sub: Any) -> None:
+    """``opengem bench serve``'s parser, added to ``opengem bench``'s sub-commands."""
+    s = sub.add_parser("serve", help="loopback load test of opengem serve: p50/p95/p99 latency and "
+                       "requests/s per backend, candidates and clients, and during a hot swap")
+    s.add_argument("--model", required=True, metavar="DIR|RUN", help="what opengem serve --model takes")
+    s.add_argument("--data", default=None, help="dataset the model reads: one candidate per row")
+    s.add_argument("--requests-file", default=None, metavar="FILE.json",
+                   help="request objects whose candidates are pooled (instead of --data)")
+    s.add_argument("--backends", default="eager,export,aoti", help="comma-separated (default all three)")
+    s.add_argument("--candidates", default="1,64,512", help="candidates per request, comma-separated")
+    s.add_argument("--clients", default="1,4,16", help="concurrent clients, comma-separated")
+    s.add_argument("--requests", type=int, default=500, help="requests per cell at most")
+    s.add_argument("--duration", type=float, default=10.0, help="seconds per cell at most")
+    s.add_argument("--swap-versions", type=int, default=5, help="versions published under load (0: no swap)")
+    s.add_argument("--swap-model", default=None, metavar="RUN",
+                   help="run folder whose versions (or itself) the swap phase publishes (default: --model)")
+    s.add_argument("--swap-backends", default=None, help="backends of the swap phase (default: --backends)")
+    s.add_argument("--swap-candidates", type=int, default=64, help="candidates per request during the swap")
+    s.add_argument("--swap-clients", type=int, default=4, help="clients during the swap")
+    s.add_argument("--server-threads", type=int, default=1, help="OMP threads of the server (0: its default)")
+    s.add_argument("--max-wait-us", type=int, default=None, help="passed to opengem serve")
+    s.add_argument("--max-batch-candidates", type=int, default=None, help="passed to opengem serve")
+    s.add_argument("--out", default=None, help="JSON file (default: MODEL/serve_bench.json for a run folder, "
+                   "else ./serve_bench.json)")
+    s.add_argument("--body", default="json", choices=("json", "arrow"),
+                   help="request body format of the steady cells (the swap phase sends JSON)")
+    s.add_argument("--json", action="store_true", help="print JSON instead of the table")
+
+
+def _backends(flag: str, text: str) -> list[str]:
+    backends = [b for b in text.split(",") if b]
+    unknown = sorted(set(backends) - {"eager", "export", "aoti", "auto"})
+    if unknown or not backends:
+        raise UsageError(f"{flag}: from eager, export, aoti, auto; got {text!r}")
+    return backends
+
+
+def _int_list(flag: str, text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UsageError(f"{flag}: comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise UsageError(f"{flag}: integers >= 1, got {text!r}")
+    return values
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    """``opengem bench serve``: run the grid, write the JSON, print the table."""
+    backends = _backends("--backends", args.backends)
+    if args.swap_backends is not None:
+        _backends("--swap-backends", args.swap_backends)
+    candidates = _int_list("--candidates", args.candidates)
+    clients = _int_list("--clients", args.clients)
+    for flag, v in (("--requests", args.requests), ("--swap-candidates", args.swap_candidates),
+                    ("--swap-clients", args.swap_clients)):
+        if v < 1:
+            raise UsageError(f"{flag}: must be >= 1 (got {v})")
+    if args.duration <= 0 or args.swap_versions < 0:
+        raise UsageError("--duration must be > 0 and --swap-versions >= 0")
+    model = Path(args.model)
+    if not model.exists():
+        raise UsageError(f"--model {model}: no such folder")
+    pool = candidate_pool(args.data, args.requests_file)
+    server_args = []
+    for flag, v in (("--max-wait-us", args.max_wait_us),
+                    ("--max-batch-candidates", args.max_batch_candidates)):
+        if v is not None:
+            server_args += [flag, str(v)]
+    swap = None
+    if args.swap_versions > 0:
+        swap_backends = [b for b in (args.swap_backends or args.backends).split(",") if b]
+        swap = SwapPlan(Path(args.swap_model or args.model), swap_backends, args.swap_versions,
+                        args.swap_candidates, args.swap_clients)
+    result = run_serve_bench(model, backends, candidates, clients, args.requests, args.duration, pool, swap,
+                             server_args, args.server_threads or None, body_format=args.body)
+    out = Path(args.out) if args.out else (model / "serve_bench.json" if (model / "config.toml").is_file()
+                                           else Path("serve_bench.json"))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(json.dumps(result, indent=2) if args.json else format_table(result))
+    print(f"wrote {out}", file=sys.stderr)
+    return 0

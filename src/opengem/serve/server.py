@@ -1,0 +1,308 @@
+"""The HTTP scoring server: Starlette on uvicorn, ``POST /predict``, ``/healthz``, ``/metrics``.
+
+Starlette (the ASGI toolkit FastAPI is built on) rather than FastAPI itself: the three endpoints take raw
+bodies in two formats and answer a hand-written one-line reason for every bad input, so FastAPI's
+pydantic validation and OpenAPI pages would be a second validation layer in the hot path for nothing.
+
+Every client mistake is a 4xx with ``{"error": "<one line>"}``: an unreadable body 400, a body or a
+candidate list over its limit 413, an unsupported Content-Type 415, a feature the model does not know or
+a value of the wrong type 400 (the Predictor's :class:`BadRequest`). A full queue is 503 (retry). Any other
+failure of the model is a 500 with its one line, logged with its traceback; the server itself keeps
+serving, because the batcher isolates each failure to the requests it concerns.
+
+Graceful drain: on SIGTERM uvicorn stops accepting connections and waits (up to ``drain_timeout_s``) for
+the requests in flight; the lifespan shutdown then stops the hot-swap watcher and lets the batcher score
+everything still queued, and the process exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from opengem.errors import OpengemError
+from opengem.serve import arrow_io
+from opengem.serve.batcher import DynamicBatcher, Scorer, ServerBusy
+from opengem.serve.errors import BadRequest
+from opengem.serve.hot_swap import Loader, ModelHolder, RecentRequests, VersionWatcher, published_versions
+from opengem.serve.metrics import ServerMetrics
+
+log = logging.getLogger("opengem.serve")
+JSON_TYPE = "application/json"
+
+
+@dataclass
+class ServeConfig:
+    """``opengem serve`` settings (TOML via ``--config``, each also a command-line flag)."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    backend: str = "auto"  # eager | export | aoti | auto (the Predictor's choice)
+    max_candidates: int = 1024  # per request; more is a 413
+    max_batch_candidates: int = 2048  # per forward pass, summed over the merged requests
+    max_wait_us: int = 500  # how long the first request of a batch waits for others
+    max_queue: int = 4096  # requests waiting for the model; more is a 503
+    max_body_bytes: int = 16 * 1024 * 1024
+    poll_s: float = 2.0  # hot swap: how often versions/ is looked at
+    canary_atol: float = 1e-4  # hot swap: eager vs serving backend on the canary requests
+    drain_timeout_s: int = 30  # SIGTERM: how long requests in flight may take to finish
+    keep_alive_s: int = 75  # an idle keep-alive connection is closed after this (uvicorn's default is 5)
+
+
+class ServeError(OpengemError, RuntimeError):
+    """Nothing servable: no version of the run loads."""
+
+
+class ClientError(Exception):
+    """A request refused before it reaches the model: HTTP status, metric kind and one-line reason."""
+
+    def __init__(self, status: int, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.kind = status, kind
+
+
+def check_request(req: Any, max_candidates: int) -> int:
+    """The structural checks every request gets before it is queued; returns its candidate count."""
+    if not isinstance(req, dict):
+        raise ClientError(400, "bad_request", f"request must be a JSON object, got {type(req).__name__}")
+    cands = req.get("candidates")
+    if not isinstance(cands, list):
+        raise ClientError(400, "bad_request", "request needs 'candidates': a list of feature objects")
+    if not cands:
+        raise ClientError(400, "bad_request", "'candidates' is empty: nothing to score")
+    if len(cands) > max_candidates:
+        raise ClientError(413, "too_many_candidates",
+                          f"{len(cands)} candidates > the server's limit of {max_candidates} per request")
+    bad = next((i for i, c in enumerate(cands) if not isinstance(c, dict)), None)
+    if bad is not None:
+        raise ClientError(400, "bad_request", f"candidates[{bad}] must be an object of feature values")
+    if "context" in req and not isinstance(req["context"], dict):
+        raise ClientError(400, "bad_request", "'context' must be an object of feature values")
+    return len(cands)
+
+
+class ModelServer:
+    """One model (or a run's successive versions) behind the three endpoints."""
+
+    def __init__(self, model: Scorer, cfg: ServeConfig | None = None, watcher: VersionWatcher | None = None,
+                 holder: ModelHolder | None = None, recent: RecentRequests | None = None) -> None:
+        self.cfg = cfg or ServeConfig()
+        self.metrics = ServerMetrics()
+        self.holder = holder or ModelHolder(model)
+        self.recent = recent or RecentRequests()
+        self.watcher = watcher
+        if watcher is not None:
+            watcher.on_swap = self._on_swap
+            watcher.on_refuse = lambda number, reason: self.metrics.swaps.labels(result="refused").inc()
+        self.metrics.set_model(getattr(model, "version", "?"), getattr(model, "trained_through_ts", None))
+        c = self.cfg
+        self.batcher = DynamicBatcher(self.holder.current, c.max_batch_candidates, c.max_wait_us, c.max_queue,
+                                      on_batch=self.metrics.on_batch)
+        self.app = Starlette(routes=[Route("/predict", self.predict, methods=["POST"]),
+                                     Route("/healthz", self.healthz, methods=["GET"]),
+                                     Route("/metrics", self.metrics_page, methods=["GET"])],
+                             lifespan=self._lifespan)
+        self._uvicorn: uvicorn.Server | None = None
+        self._port = 0
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ endpoints
+    async def predict(self, request: Request) -> Response:
+        t0 = time.perf_counter()
+        ctype = request.headers.get("content-type", JSON_TYPE).split(";")[0].strip().lower()
+        fmt = "arrow" if ctype == arrow_io.ARROW_STREAM else "json"
+        self.metrics.in_flight.inc()
+        try:
+            if ctype not in (JSON_TYPE, arrow_io.ARROW_STREAM):
+                raise ClientError(415, "content_type", f"Content-Type {ctype!r} not served; send "
+                                  f"{JSON_TYPE} or {arrow_io.ARROW_STREAM}")
+            req = self._decode(await self._read_body(request), fmt)
+            n = check_request(req, self.cfg.max_candidates)
+            reply = await self.batcher.submit(req)
+            response = self._encode(reply, fmt, request.headers.get("accept", ""))
+        except ClientError as e:
+            return self._error(fmt, e.status, e.kind, str(e))
+        except BadRequest as e:
+            return self._error(fmt, 400, "bad_request", str(e))
+        except ServerBusy as e:
+            return self._error(fmt, 503, "busy", str(e))
+        except ClientDisconnect:
+            return self._error(fmt, 400, "disconnected", "client went away before its body was read")
+        except Exception as e:  # noqa: BLE001 - the model failed on this request; the server goes on
+            log.exception("predict failed")
+            return self._error(fmt, 500, "internal", f"internal error: {type(e).__name__}: {e}")
+        finally:
+            self.metrics.in_flight.dec()
+        self.recent.add(req)
+        self.metrics.requests.labels(format=fmt, code="200").inc()
+        self.metrics.candidates.observe(n)
+        self.metrics.latency.observe(time.perf_counter() - t0)
+        return response
+
+    async def healthz(self, request: Request) -> Response:
+        model = self.holder.current()
+        return JSONResponse({"status": "ok", "version": getattr(model, "version", "?"),
+                             "trained_through_ts": getattr(model, "trained_through_ts", None),
+                             "swaps": self.holder.swaps,
+                             "refused_versions": dict(self.watcher.refused) if self.watcher else {}})
+
+    async def metrics_page(self, request: Request) -> Response:
+        return Response(self.metrics.render(), media_type=self.metrics.content_type)
+
+    # ------------------------------------------------------------------ helpers
+    async def _read_body(self, request: Request) -> bytes:
+        limit = self.cfg.max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise ClientError(413, "body_too_large", f"body of {declared} bytes > limit of {limit}")
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise ClientError(413, "body_too_large", f"body over the limit of {limit} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    @staticmethod
+    def _decode(body: bytes, fmt: str) -> Any:
+        if fmt == "arrow":
+            return arrow_io.decode_request(body)
+        try:
+            return json.loads(body, parse_constant=_refuse_constant)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ClientError(400, "malformed", f"body is not JSON ({_one_line(e)})") from None
+        except RecursionError:
+            raise ClientError(400, "malformed", "body is JSON nested too deeply") from None
+
+    @staticmethod
+    def _encode(reply: dict[str, Any], fmt: str, accept: str) -> Response:
+        if fmt == "arrow" and arrow_io.ARROW_STREAM in accept:
+            return Response(arrow_io.encode_reply(reply), media_type=arrow_io.ARROW_STREAM)
+        return JSONResponse(reply)  # refuses NaN (allow_nan=False): a 500, never invalid JSON
+
+    def _error(self, fmt: str, status: int, kind: str, message: str) -> Response:
+        self.metrics.requests.labels(format=fmt, code=str(status)).inc()
+        self.metrics.errors.labels(kind=kind).inc()
+        return JSONResponse({"error": _one_line(message)}, status_code=status)
+
+    def _on_swap(self, model: Scorer) -> None:
+        self.metrics.set_model(getattr(model, "version", "?"), getattr(model, "trained_through_ts", None))
+        self.metrics.swaps.labels(result="swapped").inc()
+
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        if self.watcher is not None:
+            self.watcher.start()
+        yield
+        # drain: uvicorn has stopped accepting and waited for the requests in flight
+        if self.watcher is not None:
+            await asyncio.to_thread(self.watcher.stop)
+        await asyncio.to_thread(self.batcher.close, self.cfg.drain_timeout_s)
+
+    # ------------------------------------------------------------------ running
+    def _make_uvicorn(self) -> tuple[uvicorn.Server, socket.socket]:
+        # proto IPPROTO_TCP, not the default 0: asyncio sets TCP_NODELAY only on sockets that say they
+        # are TCP, and without it Nagle + the client's delayed ACK add ~40 ms to every response
+        family = socket.AF_INET6 if ":" in self.cfg.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.cfg.host, self.cfg.port))
+        config = uvicorn.Config(self.app, log_level="warning", access_log=False, lifespan="on",
+                                timeout_graceful_shutdown=self.cfg.drain_timeout_s, backlog=2048,
+                                timeout_keep_alive=self.cfg.keep_alive_s)
+        self._uvicorn = uvicorn.Server(config)
+        return self._uvicorn, sock
+
+    @property
+    def port(self) -> int:
+        return self._port
+
+    def serve_forever(self) -> None:
+        """Serve in this (main) thread until SIGTERM or SIGINT, then drain and return.
+
+        uvicorn re-raises the signal it caught once it has drained; a no-op SIGTERM handler installed
+        first makes that a clean return (exit 0) instead of the default handler's kill.
+        """
+        server, sock = self._make_uvicorn()
+        self._port = sock.getsockname()[1]
+        log.warning("opengem serve: listening on http://%s:%d (model %s)", self.cfg.host, self._port,
+                    getattr(self.holder.current(), "version", "?"))
+        previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
+        try:
+            server.run(sockets=[sock])
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+    def start_in_thread(self, timeout: float = 30.0) -> int:
+        """Serve from a background thread (tests, the benchmark); returns the bound port once it answers."""
+        server, sock = self._make_uvicorn()
+        self._port = sock.getsockname()[1]
+        self._thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True,
+                                        name="opengem-uvicorn")
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError("server did not start")
+            time.sleep(0.01)
+        return self._port
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Drain and stop a server started with :meth:`start_in_thread`."""
+        if self._uvicorn is not None:
+            self._uvicorn.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+
+def build_server(model_path: Path, cfg: ServeConfig, canary: list[dict[str, Any]], loader: Loader,
+                 hot_swap: bool = True) -> ModelServer:
+    """A server for an export folder or a run folder (hot-swapped when it has versions).
+
+    ``loader(path, backend)`` makes a predictor (``serve_cli.PredictorLoader`` in ``opengem serve``; the
+    tests pass a fake, which keeps torch out of them)."""
+    versions = published_versions(model_path)
+    if not versions:
+        return ModelServer(loader(model_path, cfg.backend), cfg)
+    model, number = None, None
+    for n, path in reversed(versions):
+        try:
+            model, number = loader(path, cfg.backend), n
+            break
+        except Exception as e:  # noqa: BLE001 - a broken newest version: serve the one before it
+            log.warning("serve: version v%04d (%s) does not load (%s: %s); trying the one before",
+                        n, path, type(e).__name__, " ".join(str(e).split())[:300])
+    if model is None:
+        raise ServeError(f"{model_path}: none of its {len(versions)} published versions loads (see the "
+                         "warnings above)")
+    holder, recent = ModelHolder(model, number), RecentRequests()
+    watcher = None
+    if hot_swap:
+        watcher = VersionWatcher(model_path, holder, loader, cfg.backend, cfg.poll_s, canary, recent,
+                                 cfg.canary_atol)
+    return ModelServer(model, cfg, watcher=watcher, holder=holder, recent=recent)
+
+
+def _refuse_constant(name: str) -> Any:
+    """NaN and Infinity are not JSON (Python's json reads them): a client sending one has a bug."""
+    raise ClientError(400, "malformed", f"body is not JSON: {name} is not a JSON number")
+
+
+def _one_line(e: BaseException | str) -> str:
+    return " ".join(str(e).split())[:500]

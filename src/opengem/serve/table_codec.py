@@ -1,0 +1,88 @@
+"""The importer's encoders (``opengem convert table``) in an artifact, and raw source rows through them.
+
+A converted dataset's canonical ids come from :class:`~opengem.data.adapters.table_encode.Encoders`: the
+vocabularies fitted on the train rows (0 = out of vocabulary), hashing for big columns, the dense
+standardisation statistics, surfaces by name. Serving raw values therefore calls the *same*
+``Encoders.encode`` on the request's rows (then the loader's checks, see :mod:`opengem.serve.encode`), so
+a served row becomes exactly the ids and normalised values its converted twin holds.
+
+The importer writes its encoders into the dataset folder (``encoders.json`` + ``_encoders/*.parquet``,
+:mod:`opengem.data.adapters.encoders_io`, the one (de)serialisation); ``opengem export`` carries them
+into the artifact as ``encoding.json`` (kind ``table``) plus the same vocabulary files, each digested in
+the manifest. In memory the encoding is that dict with each vocabulary's values (an Arrow array, or a
+list in the inline form :func:`encoders_to_json` gives a Python caller).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from opengem.data.adapters.common import AdapterError
+from opengem.data.adapters.encoders_io import KIND, encoders_from_dict, encoders_to_dict
+from opengem.data.adapters.table_encode import Chunk, Encoders
+from opengem.serve.errors import ArtifactError
+
+TABLE = KIND
+
+
+def encoders_to_json(enc: Encoders) -> dict[str, Any]:
+    """The importer's encoders as a JSON-able encoding (vocab values inline as lists, exact order and
+    float sums); an artifact written from it stores the values as Parquet files all the same."""
+    d = encoders_to_dict(enc)
+    for v in d["vocabs"].values():
+        v["values"] = None if v["values"] is None else v["values"].to_pylist()
+    return d
+
+
+def encoders_from_json(d: dict[str, Any]) -> Encoders:
+    """``Encoders`` from an artifact's encoding (values inline or already read from its files)."""
+    try:
+        return encoders_from_dict(d, "artifact encoding.json")
+    except AdapterError as e:
+        raise ArtifactError(str(e)) from None
+
+
+def raw_columns(enc: Encoders) -> dict[str, str]:
+    """Source column -> kind of raw value a request gives: "cat" (id or string), "cats" (list of them),
+    "num" (number, or null = missing)."""
+    cols = {s.name: "cats" if s.multi_valued else "cat" for s in enc.spec.sparse}
+    cols.update({d.name: "num" for d in enc.spec.dense})
+    cols.update({q.name: "cats" for q in enc.spec.sequence})
+    return cols
+
+
+def raw_batch(enc: Encoders, values: dict[str, list[Any]], surface: str, n: int,
+              text_columns: frozenset[str] = frozenset()) -> pa.RecordBatch:
+    """The request's raw rows as a source RecordBatch in the importer's column types: categorical values
+    as the vocabulary keeps them (text-read sources keep strings; ``text_columns``: columns the sources
+    held as text, so that a hashed one hashes a raw number's text as the importer did), numbers as
+    float64, labels unobserved."""
+    cols: dict[str, pa.Array] = {}
+    for name, kind in raw_columns(enc).items():
+        v = values[name]
+        vocab = enc.vocabs.get(name)
+        as_text = name in text_columns or (
+            vocab is not None and vocab.values is not None and pa.types.is_string(vocab.values.type))
+        if kind == "num":
+            cols[name] = pa.array(v, pa.float64())
+        elif kind == "cat":
+            cols[name] = pa.array([str(x) for x in v] if as_text else v, pa.string() if as_text else None)
+        else:
+            cols[name] = pa.array([[str(x) for x in row] for row in v] if as_text else v,
+                                  pa.list_(pa.string()) if as_text else None)
+    if enc.spec.surface:
+        cols[enc.spec.surface] = pa.array([surface] * n, pa.string())
+    for rule in enc.spec.label_rules:
+        cols.setdefault(rule.column, pa.nulls(n, pa.float64()))
+    return pa.RecordBatch.from_pydict(cols)
+
+
+def encode_raw(enc: Encoders, batch: pa.RecordBatch, schema: Any, source: str) -> pa.Table:
+    """``Encoders.encode`` of the importer on the request's rows: canonical columns (ids, normalised)."""
+    n = batch.num_rows
+    rows = np.arange(n, dtype=np.int64)
+    chunk = Chunk(source, batch, rows, np.zeros(n, np.int64), rows, np.zeros(n, np.int8))  # type: ignore[arg-type]
+    return enc.encode(chunk, schema)

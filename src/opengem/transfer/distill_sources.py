@@ -1,0 +1,125 @@
+"""Where ``opengem distill`` gets its teacher: an FM run's versions, and the side table of its knowledge.
+
+An FM run is either an ``opengem train`` run (RUN/config.toml + RUN/checkpoints) or a run with published
+versions (RUN/versions/vNNNN, from ``opengem train --online``). ``RUN@N`` pins version N. A batch-trained
+run without versions is one version: its evaluation checkpoint (early stopping's best, else the newest),
+trained through the newest ts of its ``data.train`` partitions. Either way the no-leakage rule of
+``versions.select_versions`` decides which version labels which example: only one trained strictly before
+the example's ts, so rows as old as the FM's training data get no teacher (they still train on labels).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from opengem.config import ConfigError
+from opengem.data.dataset import Dataset
+from opengem.data.schema import FeatureSchema
+from opengem.errors import DatasetError, UsageError
+from opengem.train.config import load_run_config
+from opengem.train.evaluate import run_checkpoint
+from opengem.transfer.generate import SETTINGS, generate, read_side_table
+from opengem.transfer.versions import VERSIONS, FMVersion, VersionError, list_versions, max_ts, parse_fm_spec
+
+
+class FMRunError(UsageError):
+    """``--fm`` (or ``distill.hierarchical``) does not name a usable FM run."""
+
+
+def fm_versions(spec: str, what: str = "--fm") -> tuple[Path, list[FMVersion]]:
+    """(run folder, the versions to choose from) for ``RUN`` or ``RUN@N``; see the module docstring."""
+    run, pinned = parse_fm_spec(spec)
+    if not run.is_dir():
+        raise FMRunError(f"{what} {spec}: no such FM run folder")
+    published = (run / VERSIONS).is_dir()
+    if pinned is not None or published:
+        versions = list_versions(run)
+        if pinned is None:
+            return run, versions
+        chosen = [v for v in versions if v.version == pinned]
+        if not chosen:
+            raise VersionError(f"{what} {spec}: no version {pinned} under {run / VERSIONS} (have: "
+                               f"{', '.join(str(v.version) for v in versions)})")
+        return run, chosen
+    if not (run / "config.toml").exists():
+        raise FMRunError(f"{what} {spec}: not an FM run (no config.toml and no {VERSIONS}/): train one with "
+                         "`opengem train` first")
+    cfg = load_run_config(run / "config.toml")
+    try:
+        fm_data = Dataset(cfg.data.path)
+        through = max_ts(fm_data.files(cfg.data.train), fm_data.schema.time_column)
+    except (DatasetError, VersionError) as e:
+        raise FMRunError(f"{what} {spec}: cannot tell which rows the FM trained on (its data.train "
+                         f"{cfg.data.train!r} in {cfg.data.path}): {e}") from None
+    path, _ = run_checkpoint(run)
+    return run, [FMVersion(0, through, path, tuple(fm_data.select(cfg.data.train)))]
+
+
+def fm_schema(run: Path) -> FeatureSchema | None:
+    """The schema the FM run trained on (its dataset's), None when that dataset is gone."""
+    cfg_path = run / "config.toml"
+    if not cfg_path.exists():
+        return None
+    try:
+        return Dataset(load_run_config(cfg_path).data.path).schema
+    except (DatasetError, OSError):
+        return None
+
+
+def check_same_schema(fm: FeatureSchema | None, data: FeatureSchema, fm_spec: str, data_dir: str) -> None:
+    """The FM reads --data with its own features: a dataset of another schema would not load into it."""
+    if fm is None:
+        return  # the checkpoint's fingerprint check still refuses a model of another shape
+    diffs = []
+    for what, get in (("surfaces", lambda s: list(s.surfaces)), ("tasks", lambda s: s.task_names),
+                      ("sparse features", lambda s: s.sparse_names),
+                      ("dense features", lambda s: s.dense_names),
+                      ("tables (name: rows, dim)", lambda s: s.tables()),
+                      ("sequence groups", lambda s: [(g.name, g.max_len) for g in s.sequences])):
+        a, b = get(fm), get(data)
+        if a != b:
+            diffs.append(f"{what} {a} vs {b}")
+    if diffs:
+        raise UsageError(f"--fm {fm_spec} was trained on schema {fm.name!r}, but --data {data_dir} has "
+                         f"schema {data.name!r}; they differ in {'; '.join(diffs)}: distil from data with "
+                         "the FM's schema (choose the VM's features in [vm.schema])")
+
+
+def side_table(spec: str, versions: list[FMVersion], data_dir: str, out: Path, parts: list[str], *,
+               embeddings: tuple[str, ...], lag: int, batch_size: int, threads: int) -> pa.Table:
+    """Generate (resumably, into ``out``) and read the FM's side table for ``parts``."""
+    run, _ = parse_fm_spec(spec)
+    published = (run / VERSIONS).is_dir()
+    generate(spec, data_dir, out, lag=lag, partitions=",".join(parts), embeddings=embeddings,
+             batch_size=batch_size, threads=threads, versions=None if published else versions)
+    return read_side_table(out, parts)
+
+
+def given_side_table(knowledge: str, run: Path, parts: list[str], embeddings: list[str]) -> pa.Table:
+    """A side table made by ``opengem generate``: it must come from ``run`` and cover ``parts``."""
+    path = Path(knowledge)
+    try:
+        made = json.loads((path / SETTINGS).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise DatasetError(f"--knowledge {knowledge}: no {SETTINGS}: not a side table from `opengem generate`"
+                           ) from None
+    if Path(made.get("fm", "")) != run.resolve():
+        raise UsageError(f"--knowledge {knowledge} was generated from FM {made.get('fm')}, not --fm {run}: "
+                         "pass the FM it came from")
+    side = read_side_table(path, parts)
+    missing = [e for e in embeddings if f"fm_{e}" not in side.column_names]
+    if missing:
+        raise ConfigError(f"distill.fm_embeddings: --knowledge {knowledge} has no {missing} (generate it "
+                          f"with --embeddings {','.join(embeddings)})")
+    return side
+
+
+def teacher_coverage(side: pa.Table) -> dict[str, Any]:
+    """How many rows have a teacher, and which FM versions labelled them (for the summary)."""
+    ver = side.column("fm_version").to_numpy()
+    used = sorted({int(v) for v in ver if v >= 0})
+    return {"rows": int(len(ver)), "rows_with_teacher": int((ver >= 0).sum()), "fm_versions_used": used}

@@ -1,0 +1,309 @@
+"""Export (issue 16 part A): plain lookups equal TorchRec's, torch.export and AOTI equal eager within 1e-5
+for any batch size, the artifact's digest and weights-only reading, and ``opengem export`` on a run."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tomllib
+import warnings
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from opengem.cli import main
+from opengem.config import from_dict
+from opengem.data.dataset import Dataset
+from opengem.data.loader import ParquetLoader
+from opengem.data.random_batch import random_batch
+from opengem.data.sim_config import SimConfig, sim_schema
+from opengem.data.simulate import simulate
+from opengem.model.registry import MODEL_NAMES, ModelConfig, build_model
+from opengem.serve.artifact import MANIFEST, WEIGHTS, read_artifact, sha256_file
+from opengem.serve.errors import ArtifactError
+from opengem.serve.export import (
+    export_model,
+    export_program,
+    flat_inputs,
+    model_from_artifact,
+    serving_module,
+)
+from opengem.serve.predictor import Predictor
+from opengem.train.config import load_run_config
+from opengem.train.trainer import train
+from opengem.transfer.vertical import VerticalModel, VMSchemaConfig, derive_vm_schema
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "configs" / "tiny.toml"
+TOL = 1e-5
+
+warnings.filterwarnings("ignore", category=FutureWarning)
+
+
+def tiny_schema():
+    return sim_schema(SimConfig.from_dict(tomllib.loads(TINY.read_text())["data"]["sim"]))
+
+
+def tiny_model(name: str):
+    cfg = load_run_config(TINY, [f"model.name={name}"]).model
+    schema = tiny_schema()
+    torch.manual_seed(0)
+    return build_model(schema, cfg).eval(), schema, cfg
+
+
+def transfer_toml() -> dict:
+    return tomllib.loads((ROOT / "configs" / "transfer.toml").read_text())
+
+
+def transfer_vm():
+    """The vertical model of configs/transfer.toml (DLRM on the derived VM schema) with its aux head."""
+    t = transfer_toml()
+    fm = sim_schema(SimConfig.from_dict(t["data"]["sim"]))
+    schema = derive_vm_schema(fm, from_dict(VMSchemaConfig, t["vm"]["schema"]), name="vm")
+    cfg = from_dict(ModelConfig, t["vm"]["model"])
+    torch.manual_seed(0)
+    return VerticalModel(schema, cfg, aux_head=True).eval(), schema, cfg
+
+
+@pytest.fixture(scope="module")
+def transfer_rows(tmp_path_factory):
+    """A real batch of the transfer VM: configs/transfer.toml's simulator (fewer rows) read by the loader
+    with the VM schema (ids hashed into the capped tables, histories cut to 4)."""
+    sim = {**transfer_toml()["data"]["sim"], "rows": 1500, "days": 2, "chunk_rows": 1500}
+    out = tmp_path_factory.mktemp("tsim") / "data"
+    simulate(SimConfig.from_dict(sim), out)
+    _, schema, _ = transfer_vm()
+    batch = next(iter(ParquetLoader(Dataset(out).files("@all"), schema, 96, drop_last=False)))
+    assert batch.sequences["hist"].lengths.max() == 4  # cut to the VM's max_len, as in training
+    return batch
+
+
+def with_empty_rows(schema, n: int, seed: int):
+    """A random batch whose rows 1 and 2 (when there) have empty histories."""
+    b = random_batch(schema, n, seed=seed)
+    for g in schema.sequences:
+        sb = b.sequences[g.name]
+        if n > 2:
+            keep = torch.ones(int(sb.lengths.sum()), dtype=torch.bool)
+            off = sb.offsets
+            for r in (1, 2):
+                keep[int(off[r]):int(off[r + 1])] = False
+            sb.ids = {k: v[keep] for k, v in sb.ids.items()}
+            sb.dense = {k: v[keep] for k, v in sb.dense.items()}
+            sb.lengths = sb.lengths.clone()
+            sb.lengths[1:3] = 0
+    return b
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_plain_lookups_equal_torchrec_for_every_model(name):
+    model, schema, _ = tiny_model(name)
+    serving = serving_module(model)
+    b = with_empty_rows(schema, 9, seed=3)
+    with torch.no_grad():
+        want = model(b).logits
+        got = serving(*flat_inputs(b, schema))
+    assert got.shape == want.shape
+    assert (got - want).abs().max().item() <= TOL
+
+
+@pytest.fixture(scope="module")
+def vm_program():
+    vm, schema, cfg = transfer_vm()
+    return vm, schema, cfg, export_program(vm.base, schema)
+
+
+@pytest.mark.parametrize("batch_size", [1, 7, 64])
+def test_exported_vm_equals_eager_for_any_batch_size(vm_program, batch_size):
+    vm, schema, _, program = vm_program
+    b = with_empty_rows(schema, batch_size, seed=batch_size)
+    with torch.no_grad():
+        want = vm(b).logits
+    got = program.module()(*flat_inputs(b, schema))
+    assert (got - want).abs().max().item() <= TOL
+
+
+def test_exported_vm_equals_eager_on_real_rows(vm_program, transfer_rows):
+    vm, schema, _, program = vm_program
+    with torch.no_grad():
+        want = vm(transfer_rows).logits
+    assert (program.module()(*flat_inputs(transfer_rows, schema)) - want).abs().max().item() <= TOL
+
+
+@pytest.fixture(scope="module")
+def aoti_artifact(tmp_path_factory):
+    """The fast suite's one AOTI compile: the transfer VM, cached for the module."""
+    vm, schema, cfg = transfer_vm()
+    out = tmp_path_factory.mktemp("aoti") / "art"
+    res = export_model(vm, schema, cfg, out, backend="aoti", version="v0007", trained_through_ts=123)
+    return vm, schema, out, res
+
+
+def test_aoti_package_equals_eager_and_loads_as_predictor(aoti_artifact, transfer_rows):
+    vm, schema, out, res = aoti_artifact
+    assert res["backends"] == ["eager", "export", "aoti"]
+    p = Predictor.load(out)  # auto: the fastest backend the artifact has
+    assert p.backend == "aoti" and p.version == "v0007" and p.trained_through_ts == 123
+    for n in (1, 7, 64):
+        b = with_empty_rows(schema, n, seed=10 + n)
+        with torch.no_grad():
+            want = vm(b).logits
+        assert (p.logits(b) - want).abs().max().item() <= TOL
+    with torch.no_grad():
+        want = vm(transfer_rows).logits
+    assert (p.logits(transfer_rows) - want).abs().max().item() <= TOL
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_every_model_exports_with_dynamic_batch(name):
+    model, schema, _ = tiny_model(name)
+    program = export_program(model, schema)
+    for n in (1, 7, 64):
+        b = with_empty_rows(schema, n, seed=n)
+        with torch.no_grad():
+            want = model(b).logits
+        assert (program.module()(*flat_inputs(b, schema)) - want).abs().max().item() <= TOL
+
+
+@pytest.mark.slow
+def test_gem_aoti_equals_eager(tmp_path):
+    model, schema, cfg = tiny_model("gem")
+    export_model(model, schema, cfg, tmp_path / "gem", backend="aoti")
+    p = Predictor.load(tmp_path / "gem", backend="aoti")
+    for n in (1, 7, 64):
+        b = with_empty_rows(schema, n, seed=n)
+        with torch.no_grad():
+            want = model(b).logits
+        assert (p.logits(b) - want).abs().max().item() <= TOL
+
+
+# --------------------------------------------------------------------------- the artifact
+@pytest.fixture
+def eager_artifact(tmp_path):
+    vm, schema, cfg = transfer_vm()
+    out = tmp_path / "art"
+    export_model(vm, schema, cfg, out, backend="eager", version="v0001", trained_through_ts=5)
+    return vm, out
+
+
+def test_artifact_round_trips_weights_config_and_schema(eager_artifact):
+    vm, out = eager_artifact
+    art = read_artifact(out)
+    manifest = json.loads((out / MANIFEST).read_text())
+    assert set(manifest["files"]) == {"model.toml", "schema.toml", "encoding.json", "weights.pt"}
+    assert all(manifest["files"][f] == sha256_file(out / f) for f in manifest["files"])
+    model, schema, cfg = model_from_artifact(art)
+    assert cfg.name == "dlrm" and schema.name == "vm"
+    assert not any(k.startswith("aux_head") for k in art.weights)  # the aux head is not served
+    for k, v in vm.base.state_dict().items():
+        assert torch.equal(model.state_dict()[k], v)
+
+
+def test_a_changed_file_is_refused(eager_artifact):
+    _, out = eager_artifact
+    data = bytearray((out / WEIGHTS).read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (out / WEIGHTS).write_bytes(bytes(data))
+    with pytest.raises(ArtifactError, match="sha256 differs"):
+        Predictor.load(out)
+
+
+def test_weights_that_are_not_plain_tensors_are_never_unpickled(eager_artifact):
+    """Even with a matching digest (the manifest rewritten too), a pickled object is refused."""
+    _, out = eager_artifact
+
+    class Boom:
+        def __reduce__(self):
+            return (exec, ("raise SystemExit('unpickled!')",))
+
+    torch.save({"x": Boom()}, out / WEIGHTS)
+    m = json.loads((out / MANIFEST).read_text())
+    m["files"][WEIGHTS] = sha256_file(out / WEIGHTS)
+    (out / MANIFEST).write_text(json.dumps(m))
+    with pytest.raises(ArtifactError, match="not a plain dict of tensors"):
+        Predictor.load(out)
+
+
+def test_a_manifest_naming_a_foreign_file_is_refused(eager_artifact):
+    _, out = eager_artifact
+    m = json.loads((out / MANIFEST).read_text())
+    m["files"]["evil.so"] = "0" * 64
+    (out / MANIFEST).write_text(json.dumps(m))
+    with pytest.raises(ArtifactError, match="never holds"):
+        read_artifact(out)
+
+
+def test_export_refuses_to_overwrite_and_a_non_artifact_is_not_replaced(eager_artifact, tmp_path):
+    vm, out = eager_artifact
+    with pytest.raises(ArtifactError, match="exists"):
+        export_model(vm, vm.schema, ModelConfig(name="dlrm"), out, backend="eager")
+    other = tmp_path / "notmine"
+    other.mkdir()
+    (other / "precious.txt").write_text("keep")
+    with pytest.raises(ArtifactError, match="not an export artifact"):
+        export_model(vm, vm.schema, ModelConfig(name="dlrm"), other, backend="eager", force=True)
+    assert (other / "precious.txt").exists()
+
+
+# --------------------------------------------------------------------------- opengem export on a run
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("exprun")
+    train(load_run_config(TINY, ["train.progress=false", "train.steps=4"]), out)
+    return out
+
+
+def test_cli_exports_a_run_with_its_version_and_contract(run_dir, tmp_path, capsys):
+    out = tmp_path / "gem"
+    assert main(["export", str(run_dir), "--out", str(out), "--backend", "eager"]) == 0
+    assert "exported" in capsys.readouterr().out
+    m = json.loads((out / MANIFEST).read_text())
+    assert m["source"]["step"] == 4 and m["version"].endswith("@step4") and m["backends"] == ["eager"]
+    ds = Dataset(run_dir / "data")
+    ts = [t for f in ds.files("@train") for t in pq.read_table(f, columns=["ts"]).column(0).to_pylist()]
+    assert m["trained_through_ts"] == max(ts)
+    art = read_artifact(out)
+    assert tomllib.loads(art.schema) == tomllib.loads(ds.schema.to_toml())
+    # the artifact's model is the run's: it scores real rows exactly as evaluate's model does
+    batch = next(iter(ParquetLoader(ds.files("@valid"), ds.schema, 64, drop_last=False)))
+    direct = Predictor.load(run_dir)  # a run folder, exported in memory
+    assert torch.equal(Predictor.load(out).logits(batch), direct.logits(batch))
+
+
+@pytest.mark.slow
+def test_exported_gem_run_equals_eager_on_real_rows(run_dir, tmp_path):
+    out = tmp_path / "gem"
+    assert main(["export", str(run_dir), "--out", str(out), "--backend", "export"]) == 0
+    ds = Dataset(run_dir / "data")
+    batch = next(iter(ParquetLoader(ds.files("@valid"), ds.schema, 64, drop_last=False)))
+    eager, exported = Predictor.load(out, backend="eager"), Predictor.load(out, backend="export")
+    assert (exported.logits(batch) - eager.logits(batch)).abs().max().item() <= TOL
+    on_the_fly = Predictor.load(run_dir, backend="export")  # a run exported into a private temp folder
+    assert on_the_fly.backend == "export"
+    assert (on_the_fly.logits(batch) - eager.logits(batch)).abs().max().item() <= TOL
+
+
+def test_cli_errors_are_one_line(run_dir, tmp_path, capsys):
+    assert main(["export", str(tmp_path / "nope"), "--out", str(tmp_path / "o")]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("opengem export: error:")
+    assert main(["export", f"{run_dir}@3", "--out", str(tmp_path / "o")]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "versions" in err[0]
+
+
+def test_a_published_version_loads_and_exports_with_its_manifest(run_dir, tmp_path):
+    """The online trainer's layout: RUN/versions/vNNNN is the checkpoint, RUN/config.toml two levels up."""
+    online = tmp_path / "online"
+    v = online / "versions" / "v0003"
+    shutil.copytree(run_dir / "checkpoints" / "final", v)
+    shutil.copy(run_dir / "config.toml", online / "config.toml")
+    (v / "manifest.json").write_text(json.dumps({"version": 3, "trained_through_ts": 77}))
+    p = Predictor.load(v)  # what part B's hot swap calls on each new version folder
+    assert (p.version, p.trained_through_ts, p.backend) == ("v0003", 77, "eager")
+    assert main(["export", f"{online}@v0003", "--out", str(tmp_path / "a"), "--backend", "eager"]) == 0
+    art = read_artifact(tmp_path / "a")
+    assert (art.version, art.trained_through_ts) == ("v0003", 77)

@@ -1,0 +1,74 @@
+"""Fused twins against the reference ops, forward and backward: RoPE on every layout GEM uses.
+
+Shapes cover GEM's layouts (token-major [B, L, H, dh] with positions [L, 1], head-major [B, H, L, dh] with
+positions [L] or per row), batch 1, zero-length sequences, an empty batch and odd head widths (which the
+fused kernel hands to the reference).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from opengem.ops import attention
+from opengem.ops.kernel import Kernel, resolve_kernel
+
+ATOL, RTOL = 1e-5, 1e-4
+
+
+def _rand(*shape: int, seed: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def _run(fn, inputs: list, seed: int = 7) -> tuple[torch.Tensor, list]:  # noqa: ANN001
+    """Output and the gradient of every tensor input under a random upstream gradient."""
+    leaves = [None if x is None else x.detach().clone().requires_grad_(True) for x in inputs]
+    out = fn(*leaves)
+    (out * _rand(*out.shape, seed=seed)).sum().backward()
+    return out.detach(), [None if x is None else x.grad for x in leaves]
+
+
+def _same(ref: tuple, fused: tuple) -> None:
+    (o_ref, g_ref), (o_fused, g_fused) = ref, fused
+    assert o_ref.shape == o_fused.shape
+    torch.testing.assert_close(o_fused, o_ref, atol=ATOL, rtol=RTOL)
+    for a, b in zip(g_ref, g_fused):
+        if a is None and b is None:
+            continue
+        a = torch.zeros_like(b) if a is None else a
+        b = torch.zeros_like(a) if b is None else b
+        torch.testing.assert_close(b, a, atol=ATOL, rtol=RTOL)
+
+
+# (x shape, pos) pairs: head-major with [L] positions, per-row positions, token-major with [L, 1]
+ROPE_CASES = [
+    ((3, 2, 5, 8), lambda: torch.arange(5)),
+    ((1, 2, 5, 8), lambda: torch.arange(5)),  # batch 1
+    ((3, 2, 0, 8), lambda: torch.arange(0)),  # zero-length sequences
+    ((0, 2, 4, 8), lambda: torch.arange(4)),  # an empty batch
+    ((3, 2, 4, 8), lambda: torch.tensor([[0, 1, 2, 3], [5, 6, 7, 8], [2, 2, 2, 2]])[:, None]),  # per row
+    ((3, 6, 2, 8), lambda: torch.arange(6)[:, None]),  # token-major [B, L, H, dh]
+    ((3, 2, 5, 7), lambda: torch.arange(5)),  # odd head width: the last channel passes through
+]
+
+
+@pytest.mark.parametrize("shape,pos", ROPE_CASES)
+def test_fused_rope_matches_reference_forward_and_backward(shape, pos):
+    x = _rand(*shape, seed=1)
+    ref = _run(lambda t: attention.rope(t, pos(), 100.0), [x])
+    fused = _run(lambda t: attention.rope(t, pos(), 100.0, kernel="fused"), [x])
+    _same(ref, fused)
+
+
+def test_fused_rope_accepts_strided_views():
+    """The model hands transposed views; the fused kernel makes them contiguous itself."""
+    x = _rand(4, 6, 2, 8, seed=2).transpose(1, 2)  # head-major view of a token-major tensor
+    _same(_run(lambda t: attention.rope(t.transpose(1, 2), torch.arange(6)[:, None]), [x]),
+          _run(lambda t: attention.rope(t.transpose(1, 2), torch.arange(6)[:, None], kernel="fused"), [x]))
+
+
+def test_only_ops_with_a_fused_twin_accept_it():
+    assert resolve_kernel("fused", (Kernel.PYTORCH, Kernel.FUSED)) is Kernel.FUSED
+    q = _rand(2, 1, 3, 4, seed=9)
+    with pytest.raises(ValueError, match="kernel 'fused' is not one of: pytorch$"):
+        attention.masked_attention(q, q, q, None, kernel="fused")

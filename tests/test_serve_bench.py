@@ -1,0 +1,109 @@
+"""``opengem bench serve`` on a fake model: the grid is bounded and complete, the swap phase publishes and
+swaps in every version with zero errors, and the JSON renders as a table and in ``opengem report``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from cli_helpers import one_error_line, run_cli
+from opengem.bench import serve_bench
+from opengem.bench.report import build_report
+from opengem.errors import UsageError
+from opengem.serve.server import ModelServer, ServeConfig
+from serve_helpers import FakePredictor, publish_fake_version, request
+
+TESTS = Path(__file__).parent
+FAKE_SERVER = """
+import sys
+from pathlib import Path
+sys.path.insert(0, {tests!r})
+from serve_helpers import fake_loader
+from opengem.serve.server import build_server
+from opengem.serve.server import ServeConfig
+run, backend = Path(sys.argv[1]), sys.argv[2]
+poll = float(sys.argv[sys.argv.index("--poll-s") + 1]) if "--poll-s" in sys.argv else 2.0
+build_server(run, ServeConfig(port=0, backend=backend, poll_s=poll), [], loader=fake_loader).serve_forever()
+"""
+
+
+def fake_server_cmd(model: Path, backend: str, extra: list[str]) -> list[str]:
+    return [sys.executable, "-c", FAKE_SERVER.format(tests=str(TESTS)), str(model), backend,
+            "--backend", backend, *extra]
+
+
+@pytest.fixture(scope="module")
+def bench_result(tmp_path_factory: pytest.TempPathFactory) -> dict:  # type: ignore[type-arg]
+    run = tmp_path_factory.mktemp("run")
+    publish_fake_version(run, 1)
+    rows = [c for i in range(4) for c in request(4, start=10 * i)["candidates"]]
+    pool = (rows, ["feed", 1], {"user_id": 3})
+    swap = serve_bench.SwapPlan(run, ["eager"], versions=2, candidates=4, clients=2)
+    return serve_bench.run_serve_bench(run, ["eager"], [1, 8], [1, 3], max_requests=15, duration_s=5.0,
+                                       pool=pool, swap=swap, threads=None, server_cmd=fake_server_cmd)
+
+
+def test_grid_is_complete_and_bounded(bench_result) -> None:  # type: ignore[no-untyped-def]
+    steady = [c for c in bench_result["cells"] if c["phase"] == "steady"]
+    assert [(c["candidates"], c["clients"]) for c in steady] == [(1, 1), (1, 3), (8, 1), (8, 3)]
+    for c in steady:
+        assert c["errors"] == 0 and c["requests"] == 15, c
+        assert 0 < c["p50_ms"] <= c["p95_ms"] <= c["p99_ms"] and c["requests_per_s"] > 0
+
+
+def test_swap_phase_swaps_every_version_with_zero_errors(bench_result) -> None:  # type: ignore[no-untyped-def]
+    (swap,) = bench_result["swaps"]
+    assert swap["versions_published"] == 2 and len(swap["swapped_to"]) == 2
+    assert not any(v.startswith("refused") for v in swap["swapped_to"]), swap
+    assert swap["errors"] == 0 and swap["requests"] > 0 and swap["server_exit"] == 0
+    (cell,) = [c for c in bench_result["cells"] if c["phase"] == "swap"]
+    assert cell["errors"] == 0 and cell["candidates"] == 4 and cell["clients"] == 2
+
+
+def test_table_and_report_section(bench_result, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    table = serve_bench.format_table(bench_result)
+    assert "p99 ms" in table and "swap (eager): 2 versions published, 2 swapped in" in table
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.toml").write_text('[model]\nname = "dlrm"\n')
+    (run / "serve_bench.json").write_text(json.dumps(bench_result))
+    html = build_report([run])
+    assert "Serving latency" in html and "p99 ms" in html and "2 versions published" in html
+
+
+def test_requests_are_cycled_to_the_asked_size() -> None:
+    pool = [{"ad_id": i} for i in range(5)]
+    body = json.loads(serve_bench.make_request(pool, [0, "feed"], {"user_id": 1}, 12, 1))
+    assert body["surface"] == "feed" and body["context"] == {"user_id": 1}
+    assert [c["ad_id"] for c in body["candidates"]] == [(12 + k) % 5 for k in range(12)]
+
+
+def test_arrow_bodies_are_posted_as_arrow() -> None:
+    """The load generator's Arrow bodies reach the server as Arrow, and are answered."""
+    pool = [{"ad_id": i, "bid": 0.5} for i in range(5)]
+    arrow = serve_bench.make_request(pool, ["feed"], {"user_id": 1}, 3, 0, "arrow")
+    server = ModelServer(FakePredictor(), ServeConfig(port=0))
+    port = server.start_in_thread()
+    try:
+        lat, errors, _, samples = serve_bench.load_cell(port, [arrow], 2, 6, 5.0)
+    finally:
+        server.stop()
+    assert errors == 0 and len(lat) == 6, samples
+    assert server.metrics.requests.labels(format="arrow", code="200")._value.get() >= 6
+
+
+def test_bad_grid_is_a_usage_error(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="--candidates"):
+        serve_bench._int_list("--candidates", "1,x")
+    with pytest.raises(UsageError, match="--data DIR"):
+        serve_bench.candidate_pool(None, None)
+
+
+def test_bench_serve_command_line_refuses_bad_backends(capsys) -> None:  # type: ignore[no-untyped-def]
+    rc, err = run_cli(capsys, ["bench", "serve", "--model", ".", "--backends", "eager,turbo"])
+    assert rc == 2
+    assert one_error_line(err, "bench") == (
+        "opengem bench: error: --backends: from eager, export, aoti, auto; got 'eager,turbo'")
