@@ -3,7 +3,8 @@
 Pins: inference of kinds, generated example_id/ts, splits that never mix (time cuts, train-only
 shuffle), every missing column listed at once, the OOV row (rare and unseen ids share row 0, which a
 model then trains), hashing above the bucket count, the editable spec re-run, libsvm and list columns,
-labels derived from a numeric column (``like=rating>=4``) and their spec round trip.
+labels derived from a numeric column (``like=rating>=4``) and their spec round trip, the exact-count
+holdout (``--exact-holdout``: counts, rows, spec round trip, frappe_x1 adapter's valid rows).
 Expected values are computed here from the generated source, never read from the importer's output.
 """
 
@@ -511,3 +512,94 @@ def test_peak_rss_stays_flat_as_rows_quadruple(tmp_path: Path) -> None:
           f"{sizes[1] / 2**20:.0f} MB")
     assert arrow[1] - arrow[0] < 0.05 * more, (arrow, sizes)
     assert growth < 0.6 * more, (peaks, sizes)
+
+
+# --------------------------------------------------------------------------- --exact-holdout
+M64 = (1 << 64) - 1
+
+
+def _splitmix64(x: int) -> int:
+    """splitmix64 on plain Python integers, so that the expected splits do not reuse the importer's code."""
+    z = (x + 0x9E3779B97F4A7C15) & M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M64
+    return z ^ (z >> 31)
+
+
+def _ids(out: Path) -> dict[str, list[int]]:
+    return {s: sorted(read(out, s)["example_id"].to_pylist()) for s in SPLITS}
+
+
+@pytest.mark.parametrize("seed", [0, 7])
+def test_exact_holdout_counts_and_rows(tmp_path: Path, seed: int) -> None:
+    """Exactly round(frac N) rows per held-out split: test the smallest keys, valid the next ones."""
+    n = 1001  # round(0.1 n) = 100, round(0.15 n) = 150, where the threshold rule gives about as many
+    make_csv(tmp_path / "log.csv", n=n, seed=3)
+    out = tmp_path / "o"
+    assert convert("--src", str(tmp_path / "log.csv"), "--format", "csv", "--label", "click",
+                   "--infer-schema", "--split", "random", "--exact-holdout", "--valid-frac", "0.15",
+                   "--test-frac", "0.1", "--seed", str(seed), "--out", str(out)) == 0
+    order = sorted(range(n), key=lambda i: _splitmix64((i + seed * 0x9E3779B97F4A7C15) & M64))
+    assert _ids(out) == {"test": sorted(order[:100]), "valid": sorted(order[100:250]),
+                         "train": sorted(order[250:])}
+    summary = json.loads((out / "summary.json").read_text())
+    assert "exact holdout of the 1001 source rows" in summary["split_rule"]
+    assert [summary["splits"][s]["rows"] for s in SPLITS] == [751, 150, 100]
+
+
+def test_exact_holdout_carved_from_the_train_file(tmp_path: Path) -> None:
+    """--split files: valid is exactly round(0.1 N_train) train-file rows; the test file is untouched."""
+    (tmp_path / "train.csv").write_text("a,y\n" + "".join(f"v{i % 7},{i % 2}\n" for i in range(205)))
+    (tmp_path / "test.csv").write_text("a,y\n" + "".join(f"v{i % 9},{i % 2}\n" for i in range(30)))
+    out = tmp_path / "o"
+    assert convert("--src", f"train={tmp_path / 'train.csv'}", "--src", f"test={tmp_path / 'test.csv'}",
+                   "--format", "csv", "--label", "y", "--infer-schema", "--exact-holdout",
+                   "--out", str(out)) == 0
+    held = sorted(sorted(range(205), key=_splitmix64)[:20])  # round(20.5) = 20 (round half to even)
+    assert _ids(out) == {"train": sorted(set(range(205)) - set(held)), "valid": held,
+                         "test": list(range(205, 235))}
+
+
+def test_exact_holdout_spec_round_trip_and_refusals(tmp_path: Path, capsys) -> None:
+    make_csv(tmp_path / "log.csv", n=300, seed=4)
+    base = ["--src", str(tmp_path / "log.csv"), "--format", "csv"]
+    assert convert(*base, "--label", "click", "--infer-schema", "--exact-holdout", "--out",
+                   str(tmp_path / "a")) == 0
+    spec_path = tmp_path / "a.import.toml"
+    assert load_spec(spec_path).exact_holdout is True
+    assert "exact_holdout = true" in spec_path.read_text()
+    # the spec alone (no flag) gives the same exact split
+    assert convert(*base, "--schema", str(spec_path), "--out", str(tmp_path / "b")) == 0
+    assert _ids(tmp_path / "a") == _ids(tmp_path / "b")
+    assert [len(v) for v in _ids(tmp_path / "a").values()] == [240, 30, 30]
+    # without it, the threshold rule: a default spec says false and gives another sample
+    assert convert(*base, "--label", "click", "--infer-schema", "--out", str(tmp_path / "c")) == 0
+    assert load_spec(tmp_path / "c.import.toml").exact_holdout is False
+    assert _ids(tmp_path / "c") != _ids(tmp_path / "a")
+    capsys.readouterr()
+    # a split that holds nothing out by hash refuses the option in one line
+    assert convert(*base, "--label", "click", "--infer-schema", "--time", "t", "--split", "time",
+                   "--exact-holdout", "--out", str(tmp_path / "d")) == 2
+    err = capsys.readouterr().err
+    assert "--split time cuts by time" in err and err.count("\n") == 1, err
+    bad = tmp_path / "bad.toml"
+    bad.write_text(spec_path.read_text().replace("exact_holdout = true", 'exact_holdout = "yes"'))
+    assert convert(*base, "--schema", str(bad), "--out", str(tmp_path / "e")) == 1
+    err = capsys.readouterr().err
+    assert "bad.toml: exact_holdout must be true or false" in err and err.count("\n") == 1, err
+
+
+@pytest.mark.realdata
+def test_exact_holdout_matches_frappe_adapter_row_for_row(tmp_path: Path) -> None:
+    """issue 11: frappe_x1 through the importer holds out the adapter's valid rows, each with its label."""
+    src = _data("frappe_x1")
+    assert convert("--src", f"train={src / 'valid.libsvm'}", "--src", f"test={src / 'test.libsvm'}",
+                   "--format", "libsvm", "--label", "label", "--exact-holdout", "--infer-schema",
+                   "--out", str(tmp_path / "t")) == 0
+    assert cli_main(["convert", "frappe_x1", "--src", str(src), "--out", str(tmp_path / "a")]) == 0
+    for s in SPLITS:  # both number rows by line, valid.libsvm first
+        t = read(tmp_path / "t", s).sort_by("example_id")
+        a = read(tmp_path / "a", s).sort_by("example_id")
+        assert t["example_id"].to_pylist() == a["example_id"].to_pylist(), s
+        np.testing.assert_array_equal(t["label"].to_numpy(), a["click"].to_numpy(), err_msg=s)
+    assert read(tmp_path / "a", "valid").num_rows == round(0.1 * 57_722)  # SOURCE.md: 57,722 lines

@@ -39,7 +39,8 @@ BAG_COLUMNS = ("features",)  # list columns that are bags of ids (libsvm), not o
 HEADER = ("# opengem convert table: import spec. Edit it (kinds, dims, transforms, ignore) and re-run\n"
           "# with --schema THIS_FILE. Roles: labels/time/surface/example_id name source columns;\n"
           "# a label is COL (0/1) or NAME=COL OP NUMBER (OP: >= > <= < == !=), e.g. like=rating>=4;\n"
-          "# an empty time or example_id means 'generated from the row number'.\n")
+          "# an empty time or example_id means 'generated from the row number';\n"
+          "# exact_holdout = true holds out exactly round(frac * rows) rows (--exact-holdout).\n")
 
 
 @dataclass
@@ -74,6 +75,7 @@ class ImportSpec:
     example_id: str = ""
     min_count: int = DEFAULT_MIN_COUNT
     hash_buckets: int = DEFAULT_HASH_BUCKETS
+    exact_holdout: bool = False  # --exact-holdout: hold out exactly round(frac * N) rows (table_split)
     ignore: list[str] = field(default_factory=list)
     sparse: list[SparseSpec] = field(default_factory=list)
     dense: list[DenseSpec] = field(default_factory=list)
@@ -165,6 +167,8 @@ def check_spec(spec: ImportSpec, where: str) -> None:
                           "NAME=COL OP NUMBER with another NAME")
     if not isinstance(spec.min_count, int) or spec.min_count < 1:
         raise SchemaError(f"{where}: min_count must be an integer >= 1, got {spec.min_count!r}")
+    if not isinstance(spec.exact_holdout, bool):
+        raise SchemaError(f"{where}: exact_holdout must be true or false, got {spec.exact_holdout!r}")
     if not isinstance(spec.hash_buckets, int) or spec.hash_buckets < 2:
         raise SchemaError(f"{where}: hash_buckets must be an integer >= 2, got {spec.hash_buckets!r}")
     for i, d in enumerate(spec.dense):

@@ -161,10 +161,25 @@ def fit(job: TableJob, bad: BadRows) -> tuple[Encoders, dict[str, Any]]:
         ts = np.concatenate([c.ts for c in stream(job, BadRows(), [spec.time])] or [np.zeros(0, np.int64)])
         job.rule.cuts = time_cuts(ts, job.rule.valid_frac, job.rule.test_frac)
         del ts
+    if job.rule.exact and job.rule.exact_rows is None:
+        job.rule.set_exact_cuts(*_hashed_source_rows(job))
     columns = [c for c, _ in spec.source_columns()]
     with tqdm(desc="convert table: pass 1/2 (vocabularies)", unit=" rows", disable=None) as bar:
         encoders, counts = fit_encoders(spec, stream(job, bad, columns, bar))
     return encoders, counts
+
+
+def _hashed_source_rows(job: TableJob) -> tuple[int, int]:
+    """(first row, rows) of the source the exact holdout draws from (the train source under --split
+    files, else the one source), counted as ``stream`` numbers rows: one read of a single column."""
+    first = 0
+    one = [job.spec.label_rules[0].column]
+    for key, source in job.sources.items():
+        n = sum(b.num_rows for _, b in source.batches(BadRows(), one))
+        if key in ("", "train"):
+            return first, n
+        first += n
+    raise AdapterError("--exact-holdout: no train source to hold rows out of")
 
 
 def output_schema(job: TableJob, enc: Encoders) -> FeatureSchema:
@@ -374,7 +389,8 @@ def job_from_args(args: argparse.Namespace) -> TableJob:
     if args.schema:
         spec = load_spec(args.schema)
         overrides = {"labels": labels, "time": args.time, "surface": args.surface,
-                     "min_count": args.min_count, "hash_buckets": args.hash_buckets}
+                     "min_count": args.min_count, "hash_buckets": args.hash_buckets,
+                     "exact_holdout": args.exact_holdout}
         for k, v in overrides.items():
             if v:
                 setattr(spec, k, v)
@@ -389,14 +405,19 @@ def job_from_args(args: argparse.Namespace) -> TableJob:
                           surface=args.surface or ("surface" if "surface" in names else ""),
                           min_count=args.min_count or DEFAULT_MIN_COUNT,
                           hash_buckets=args.hash_buckets or DEFAULT_HASH_BUCKETS, sample=first.text_sample())
+        spec.exact_holdout = args.exact_holdout
     if args.table_name:
         spec.name = args.table_name
     check_spec(spec, f"{args.schema or 'the inferred spec'} with the command-line options")
     if mode == "":
         mode = "time" if spec.time else "random"
     carve = tuple(s for s in ("valid", "test") if s not in sources) if mode == "files" else ()
+    if spec.exact_holdout and (mode == "time" or (mode == "files" and not carve)):
+        why = "--split time cuts by time" if mode == "time" else "every split has its own --src"
+        raise UsageError(f"--exact-holdout (exact_holdout in {args.schema or 'the spec'}) holds rows out of "
+                         f"--split random or of the train source under --split files, but {why}")
     rule = SplitRule(mode, args.valid_frac, args.test_frac, args.seed, carve=carve,
-                     cuts=_time_cuts(args.time_cuts, mode, spec.time))
+                     cuts=_time_cuts(args.time_cuts, mode, spec.time), exact=spec.exact_holdout)
     return TableJob(sources, spec, rule, shuffle=not args.no_shuffle, spec_path=args.schema or "")
 
 
