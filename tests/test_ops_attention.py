@@ -174,3 +174,18 @@ def test_flop_formulas_count_attention_in_a_scoped_counter_only():
         attention.masked_attention(q, k, v, mask)
     if formulas:  # a torch that counts its CPU flash kernel itself needs no formula from us
         assert plain.get_total_flops() == 0
+
+
+def test_cpu_bf16_attention_runs_in_fp32_and_returns_bf16() -> None:
+    """bf16 q/k/v on CPU: SDPA in fp32 (its bf16 backward is ~10x slower here), result and grads in bf16."""
+    from opengem.ops.pytorch import pt_attention
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(3, 2, 5, 8, generator=g).to(torch.bfloat16).requires_grad_() for _ in range(3))
+    mask = torch.tensor([[True] * 5, [True, True, False, False, False], [False] * 5])
+    out = pt_attention.masked_attention(q, k, v, mask)
+    assert out.dtype == torch.bfloat16
+    ref = pt_attention.masked_attention(q.float(), k.float(), v.float(), mask)
+    assert torch.equal(out, ref.to(torch.bfloat16))
+    out.float().sum().backward()
+    assert q.grad is not None and q.grad.dtype == torch.bfloat16 and torch.isfinite(q.grad.float()).all()

@@ -49,13 +49,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "distill": ("opengem.transfer.distill_cli", "train a vertical model from an FM run by distillation"),
     "serve": ("opengem.serve.serve_cli", "serve a model over HTTP: JSON/Arrow, dynamic batching, hot swap"),
     "bench": ("opengem.bench.cli", "throughput, MFU, memory and start-up benchmarks"),
-    "scale": ("opengem.bench.scale", "scaling-law sweeps"),
+    "scale": ("opengem.bench.scale", "scaling-law sweeps and the iso-FLOP (compute-optimal) study"),
     "report": ("opengem.bench.report", "HTML report of runs"),
 }
 
 DEBUG_FLAG = "--debug"
 DEBUG_HELP = "on an error, print the full traceback (also OPENGEM_DEBUG=1)"
-OVERRIDE_COMMANDS = ("opengem train", "opengem bench train", "opengem transfer", "opengem scale")
+OVERRIDE_COMMANDS = ("opengem train", "opengem bench train", "opengem transfer", "opengem scale",
+                     "opengem distill")
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
 
 
