@@ -163,6 +163,20 @@ class PartitionWatch:
                              f"for {self.settle_s:g}s")
         return READY, ""
 
+    def wait_next(self, stop: StopFlag, idle_since: float, max_idle_s: float, poll_s: float
+                  ) -> tuple[str | None, str]:
+        """The next ready partition, polling every ``poll_s``; or None and why the wait ended: ``stop`` was
+        requested (its ``reason``), or ``max_idle_s`` passed since ``idle_since`` without a new partition."""
+        while True:
+            part = self.next_ready()
+            if part is not None:
+                return part, ""
+            if stop():
+                return None, stop.reason
+            if time.monotonic() - idle_since >= max_idle_s:
+                return None, f"idle {max_idle_s:g}s without a new partition"
+            time.sleep(poll_s)
+
     def next_ready(self) -> str | None:
         """The first ready partition in name order (quarantining the bad ones met on the way), or None."""
         for part in self.candidates():
@@ -289,14 +303,8 @@ def train_online(cfg: RunConfig, run_dir: str | Path, data_dir: str | Path | Non
             idle_since = time.monotonic()
             reason = ""
             while not reason:
-                part = watch.next_ready()
+                part, reason = watch.wait_next(stop, idle_since, t.online_max_idle_s, t.online_poll_s)
                 if part is None:
-                    if stop():
-                        reason = stop.reason
-                    elif time.monotonic() - idle_since >= t.online_max_idle_s:
-                        reason = f"idle {t.online_max_idle_s:g}s without a new partition"
-                    else:
-                        time.sleep(t.online_poll_s)
                     continue
                 files = ds.partition_files(part)
                 late = watch.is_late(part)

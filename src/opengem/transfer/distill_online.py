@@ -239,14 +239,8 @@ def _distill_online(run: OnlineDistill, stop_event: threading.Event | None, sett
         watch = PartitionWatch(run.src, done, first=t.online_first, until=t.online_until, settle_s=settle_s)
         idle_since, reason = time.monotonic(), ""
         while not reason:
-            part = watch.next_ready()
+            part, reason = watch.wait_next(stop, idle_since, t.online_max_idle_s, t.online_poll_s)
             if part is None:
-                if stop():
-                    reason = stop.reason
-                elif time.monotonic() - idle_since >= t.online_max_idle_s:
-                    reason = f"idle {t.online_max_idle_s:g}s without a new partition"
-                else:
-                    time.sleep(t.online_poll_s)
                 continue
             side = run.prepare(part)
             if run.trainer is None:
