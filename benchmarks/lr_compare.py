@@ -1,7 +1,10 @@
 """LR vs GEM vs DCNv2 on small, shifted categorical data (issue 11 acceptance): no deep model may lose to
-logistic regression by a significant margin.
+logistic regression by a significant margin; and the real-data table of issue 14 (every family at its own
+tuned learning rate, >= 5 seeds, GEM minus each baseline with a paired 95 % CI):
 
     .venv/bin/python benchmarks/lr_compare.py                  # movielens_100k and frappe_x1, 3 seeds
+    .venv/bin/python benchmarks/lr_compare.py --datasets frappe_x1,kuairand_pure \
+        --models gem,lr,dcnv2,dlrm,wukong --seeds 0,1,2,3,4   # issue 14's real-data table
     options: --out DIR (default runs/lr_compare), --datasets a,b, --models a,b, --seeds 0,1,2,
              --scales 0.3,1,3 (learning-rate grid), --epochs N (0 = the recipe's), --jobs N (default 2),
              --table-only, then section.key=value overrides for every run
@@ -43,9 +46,11 @@ sys.path.insert(0, str(REPO / "src"))
 
 from opengem.train.config import load_run_config  # noqa: E402
 
-DATASETS: dict[str, dict[str, str]] = {
-    "movielens_100k": {"config": "configs/movielens.toml", "task": "like"},  # the slow one first
-    "frappe_x1": {"config": "configs/frappe.toml", "task": "click"},
+DATASETS: dict[str, dict[str, Any]] = {
+    # the slowest first
+    "kuairand_pure": {"config": "configs/kuairand.toml", "tasks": ["is_click", "long_view", "is_like"]},
+    "movielens_100k": {"config": "configs/movielens.toml", "tasks": ["like"]},
+    "frappe_x1": {"config": "configs/frappe.toml", "tasks": ["click"]},
 }
 MODELS = ["lr", "gem", "dcnv2"]
 # epoch (and lr) selection rules, both on validation: the harness's AUC, and NE (what a calibrated
@@ -173,32 +178,54 @@ def tables(args: argparse.Namespace, out: Path) -> str:
     return "\n".join(lines)
 
 
+# Student's t 0.975 quantiles by degrees of freedom (scipy is not a dependency; beyond 10 seeds ~normal)
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
+
+
+def paired_ci(d: np.ndarray) -> str:
+    """Mean of paired differences with a 95 % t interval over seeds (the seeds are the replicates)."""
+    if len(d) < 2:
+        return f"{d.mean():+.4f}"
+    half = T975.get(len(d) - 1, 1.96) * d.std(ddof=1) / np.sqrt(len(d))
+    return f"{d.mean():+.4f} [{d.mean() - half:+.4f}, {d.mean() + half:+.4f}]"
+
+
 def table(args: argparse.Namespace, out: Path, ds: str, select: str) -> list[str]:
-    task = f"all/{DATASETS[ds]['task']}"
     cfg = load_run_config(REPO / DATASETS[ds]["config"])
-    lines = [f"\n== {ds} ({DATASETS[ds]['config']}): test {task} at the epoch of best validation "
-             f"{select.upper()} (lr grid: validation NE at that epoch), mean ± std over seeds",
-             f"{'model':<7}{'lr x':>6}{'lr':>9}{'sparse_lr':>10}{'n':>3}{'MFLOP/ex':>10}"
-             f"{'test AUC':>20}{'test NE':>20}{'epochs':>10}"]
-    test: dict[str, list[dict[str, float]]] = {}
-    for m in args.models:
-        best = best_scale(out, ds, m, args.seeds[0], args.scales, select)
-        rs = [r for s in args.seeds if best is not None and (r := load(result_path(out, ds, m, s, best)))]
-        if not rs:
-            lines.append(f"{m:<7}  no results yet")
-            continue
-        recs = [chosen_epoch(r, select) for r in rs]
-        test[m] = [h["test"]["metrics"][task] for h in recs]
-        lines.append(
-            f"{m:<7}{best:>6g}{cfg.train.lr * best:>9.2g}{cfg.train.sparse_lr * best:>10.2g}{len(rs):>3}"
-            f"{rs[0]['flops_per_example'] / 1e6:>10.3f}{ms([t['auc'] for t in test[m]]):>20}"
-            f"{ms([t['ne'] for t in test[m]]):>20}{','.join(str(h['epoch']) for h in recs):>10}")
-    for m in (m for m in test if m != "lr" and "lr" in test and len(test[m]) == len(test["lr"])):
-        parts = []
-        for k in ("auc", "ne"):
-            d = np.array([t[k] for t in test[m]]) - np.array([t[k] for t in test["lr"]])
-            parts.append(f"{k.upper()} {d.mean():+.4f}" + (f" ± {d.std(ddof=1):.4f}" if len(d) > 1 else ""))
-        lines.append(f"  {m} - lr on test, paired by seed: " + ", ".join(parts))
+    lines: list[str] = []
+    for name in DATASETS[ds]["tasks"]:
+        task = f"all/{name}"
+        lines += [f"\n== {ds} ({DATASETS[ds]['config']}): test {task} at the epoch of best validation "
+                  f"{select.upper()} (lr grid: validation NE at that epoch), mean ± std over seeds",
+                  f"{'model':<7}{'lr x':>6}{'lr':>9}{'sparse_lr':>10}{'n':>3}{'MFLOP/ex':>10}"
+                  f"{'test AUC':>20}{'test NE':>20}{'epochs':>16}"]
+        test: dict[str, dict[int, dict[str, float]]] = {}
+        for m in args.models:
+            best = best_scale(out, ds, m, args.seeds[0], args.scales, select)
+            rs = {s: r for s in args.seeds
+                  if best is not None and (r := load(result_path(out, ds, m, s, best)))}
+            if not rs:
+                lines.append(f"{m:<7}  no results yet")
+                continue
+            recs = {s: chosen_epoch(r, select) for s, r in rs.items()}
+            test[m] = {s: h["test"]["metrics"][task] for s, h in recs.items()}
+            first = next(iter(rs.values()))
+            lines.append(
+                f"{m:<7}{best:>6g}{cfg.train.lr * best:>9.2g}{cfg.train.sparse_lr * best:>10.2g}{len(rs):>3}"
+                f"{first['flops_per_example'] / 1e6:>10.3f}{ms([t['auc'] for t in test[m].values()]):>20}"
+                f"{ms([t['ne'] for t in test[m].values()]):>20}"
+                f"{','.join(str(h['epoch']) for h in recs.values()):>16}")
+        ref = "gem" if "gem" in test else next(iter(test), None)
+        for m in (m for m in test if m != ref and ref is not None):
+            seeds = sorted(set(test[m]) & set(test[ref]))
+            if not seeds:
+                continue
+            parts = []
+            for k in ("auc", "ne"):
+                d = np.array([test[ref][s][k] - test[m][s][k] for s in seeds])
+                parts.append(f"{k.upper()} {paired_ci(d)}")
+            lines.append(f"  {ref} - {m} on test, paired by seed (n={len(seeds)}, 95 % t CI): "
+                         + ", ".join(parts))
     lines.append(f"  lr grid, seed {args.seeds[0]}: validation NE at the chosen epoch (lower wins)")
     for m in args.models:
         grid = [load(result_path(out, ds, m, args.seeds[0], s)) for s in args.scales]
@@ -210,7 +237,7 @@ def table(args: argparse.Namespace, out: Path, ds: str, select: str) -> list[str
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=str(REPO / "runs" / "lr_compare"))
-    p.add_argument("--datasets", default=",".join(DATASETS))
+    p.add_argument("--datasets", default="movielens_100k,frappe_x1")
     p.add_argument("--models", default=",".join(MODELS))
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--scales", default="0.3,1,3")

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from opengem.bench.ablation import AblationConfig
 from opengem.bench.isoflop import IsoflopConfig
 from opengem.bench.scale import SweepConfig
 from opengem.cli import main
@@ -41,7 +42,7 @@ from opengem.transfer.vm_train import ArmConfig
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "opengem"
 ROOTS = [RunConfig, SimConfig, ExperimentConfig, SweepConfig, ArmConfig, DistillConfig, IsoflopConfig,
-         DemoConfig, ServeConfig]
+         DemoConfig, ServeConfig, AblationConfig]
 # Dataclasses named *Config that are not loaded from or saved to TOML (none today).
 NOT_TOML: set[str] = set()
 

@@ -332,9 +332,10 @@ def format_result(result: dict[str, Any]) -> str:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--design", choices=("sweep", "isoflop"), default="sweep",
+    p.add_argument("--design", choices=("sweep", "isoflop", "ablation"), default="sweep",
                    help="sweep: every size on the same rows (needs --config); isoflop: the compute-optimal "
-                        "study, rows = budget / FLOPs per example (bench/isoflop.py)")
+                        "study, rows = budget / FLOPs per example (bench/isoflop.py); ablation: GEM's "
+                        "components at equal compute, and the proxy (bench/ablation.py)")
     p.add_argument("--config", default=None, help="sweep or study TOML (e.g. configs/scaling-tiny.toml; "
                    "isoflop default: configs/isoflop[-<budget>].toml)")
     p.add_argument("--budget", choices=("small", "default", "large"), default="default",
@@ -351,6 +352,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.design == "isoflop":
         return run_isoflop(args)
+    if args.design == "ablation":
+        from opengem.bench.ablation import run_cli
+
+        return run_cli(args)
     if not args.config:
         raise UsageError("--design sweep needs --config (e.g. configs/scaling-tiny.toml)")
     sweep = load_sweep_config(args.config, args.sweep_overrides)

@@ -1,0 +1,207 @@
+"""The ablation study (bench/ablation.py, bench/ablation_report.py): equal compute per configuration,
+paired seeds, the sign and interval of ΔNE, and the proxy's rank agreement."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from opengem.bench.ablation import (
+    FULL,
+    AblationConfig,
+    ProxyVariant,
+    configurations,
+    load_ablation_config,
+    narrowed_d,
+    proxy_steps,
+    run_ablation,
+    run_config,
+)
+from opengem.bench.ablation_report import (
+    bootstrap_draws,
+    paired_delta,
+    rank_agreement,
+    row_ne,
+    split_half,
+    which_knob_breaks,
+)
+from opengem.config import ConfigError, load_config, save_config
+from opengem.metrics import normalized_entropy
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = ROOT / "configs" / "ablation-small.toml"
+BATCH = 64  # ablation-small's data.batch_size
+
+
+@pytest.fixture(scope="module")
+def planned(tmp_path_factory: pytest.TempPathFactory) -> tuple[AblationConfig, dict]:
+    """The small study's plan on a sampled stream (no training): every configuration's FLOPs and rows."""
+    cfg = load_ablation_config(SMALL, ["max_epochs=20"])  # a shrunk stream, read many times
+    out = tmp_path_factory.mktemp("ablation-plan")
+    return cfg, run_ablation(cfg, out, run_overrides=["data.sim.rows=4000"], plan_only=True, time_plan=False,
+                             log=lambda m: None)
+
+
+def test_every_configuration_gets_the_same_training_flops(planned):
+    cfg, res = planned
+    rows = {r["name"]: r for r in res["plan"]["configs"]}
+    assert list(rows) == [FULL] + [a.name for a in cfg.ablations] and len(rows) >= 10
+    for r in rows.values():  # rows = budget / (3 x own FLOPs), rounded to whole batches
+        assert abs(r["train_flops"] - cfg.budget) <= 3 * r["fwd_flops"] * BATCH / 2, r
+        assert r["examples"] == r["steps"] * BATCH
+    # the ablations really change the model, so equal compute means different rows
+    full = rows[FULL]["fwd_flops"]
+    assert rows["no_cla"]["fwd_flops"] < full and rows["wukong_only"]["fwd_flops"] < full
+    assert rows["d8"]["fwd_flops"] < full < rows["d24"]["fwd_flops"]
+    assert rows["d8"]["examples"] > rows[FULL]["examples"] > rows["d24"]["examples"]
+    assert "est s/run" in res["plan_text"] and "full" in res["plan_text"]
+
+
+def test_proxy_arithmetic():
+    v = ProxyVariant(name="p", rows_fraction=0.25, d_divisor=2, d_multiple=4)
+    assert proxy_steps(71, v) == 18 and proxy_steps(2, v) == 1
+    assert [narrowed_d(d, v) for d in (16, 24, 8, 4)] == [8, 12, 4, 4]
+
+
+def test_seeds_pair_the_data_order_across_configurations(planned, tmp_path):
+    """Seed s of every configuration (and of a proxy) reads the same training rows in the same order;
+    another seed reads another order."""
+    from opengem.bench.ablation import as_isoflop
+    from opengem.bench.isoflop import prepare_study
+    from opengem.data.dataset import Dataset
+    from opengem.train.data import make_loader
+
+    cfg, _ = planned
+    st = prepare_study(as_isoflop(cfg), tmp_path, None, ["data.sim.rows=4000"], lambda m: None,
+                       plan_only=True)
+    fams = {f.name: f for f in configurations(cfg)}
+    ds = Dataset(st.data)
+
+    def first_ids(name: str, seed: int, variant: ProxyVariant | None = None) -> list[int]:
+        rc = run_config(st, fams[name], 10, 1e-3, seed, variant)
+        assert rc.train.seed == seed and rc.train.lr == 1e-3
+        batches = iter(make_loader(ds, rc.data.train, rc.data, train=True, seed=rc.train.seed))
+        return [int(i) for _ in range(3) for i in next(batches).example_id]
+
+    a = first_ids(FULL, 3)
+    assert first_ids("no_cla", 3) == a and first_ids("d24", 3) == a
+    assert first_ids("shared_head", 3, ProxyVariant("p", rows_fraction=0.5, d_divisor=2)) == a
+    assert first_ids(FULL, 4) != a
+
+
+def _fake_rows(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    p_true = rng.uniform(0.02, 0.3, n)
+    return p_true, (rng.uniform(size=n) < p_true).astype(np.float64)
+
+
+def _ll(p: np.ndarray, y: np.ndarray) -> np.ndarray:
+    return -(y * np.log(p) + (1 - y) * np.log(1 - p))
+
+
+def test_row_ne_matches_the_metric_and_weights_repeat_rows():
+    p, y = _fake_rows(500, 0)
+    m = np.ones_like(y)
+    assert row_ne(_ll(p, y), y, m)[0, 0] == pytest.approx(normalized_entropy(p, y), rel=1e-9)
+    w = np.random.default_rng(1).integers(0, 3, size=(1, y.size)).astype(np.float64)
+    rep = np.repeat(np.arange(y.size), w[0].astype(int))
+    assert row_ne(_ll(p, y), y, m, w)[0, 0] == pytest.approx(normalized_entropy(p[rep], y[rep]), rel=1e-9)
+    m[::2] = 0  # unobserved labels are left out of both the loss and the base rate
+    keep = m > 0
+    assert row_ne(_ll(p, y) * m, y * m, m)[0, 0] == pytest.approx(normalized_entropy(p[keep], y[keep]))
+
+
+def test_delta_ne_sign_and_interval_on_a_constructed_case():
+    """The full model predicts the true rate; the ablation predicts it blurred towards the mean: ΔNE =
+    NE(ablation) - NE(full) is positive with an interval above 0, and the swap gives the mirror image."""
+    n, seeds = 4000, 5
+    p, y = _fake_rows(n, 2)
+    m = np.ones(n)
+    rng = np.random.default_rng(3)
+    full = np.stack([_ll(np.clip(p * rng.lognormal(0, 0.05, n), 1e-3, 0.999), y) for _ in range(seeds)])
+    blurred = np.clip(0.3 * p + 0.7 * p.mean(), 1e-3, 0.999)
+    worse = np.stack([_ll(blurred, y) for _ in range(seeds)])
+    w, draws = bootstrap_draws(n, seeds, 300, np.random.default_rng(0))
+    point, samples = paired_delta(worse, full, y, m, w, draws)
+    assert point > 0.01 and np.quantile(samples, 0.025) > 0
+    assert point == pytest.approx(float(np.mean(row_ne(worse, y, m)[0] - row_ne(full, y, m)[0])))
+    assert row_ne(worse, y, m)[0, 0] == pytest.approx(normalized_entropy(blurred, y), rel=1e-6)
+    back, back_samples = paired_delta(full, worse, y, m, w, draws)
+    assert back == pytest.approx(-point) and np.allclose(back_samples, -samples)
+    # identical configurations: exactly zero, whatever the resample
+    zero, z = paired_delta(full, full, y, m, w, draws)
+    assert zero == 0 and np.all(z == 0)
+
+
+def test_spearman_rank_agreement():
+    rng = np.random.default_rng(0)
+    full = {f"c{i}": [float(i), float(i)] for i in range(1, 6)}
+    swapped = {"c1": [2.0], "c2": [1.0], "c3": [4.0], "c4": [3.0], "c5": [5.0]}
+    ag = rank_agreement(full, swapped, 200, rng)
+    assert ag["rho"] == pytest.approx(1 - 6 * 4 / (5 * 24))  # 0.8: two adjacent swaps
+    assert ag["configs"] == 5 and ag["reaches_target"]
+    assert rank_agreement(full, {k: [-v[0]] for k, v in full.items()}, 50, rng)["rho"] == pytest.approx(-1)
+    same = rank_agreement(full, {k: [v[0] * 10] for k, v in full.items()}, 200, rng)
+    assert same["rho"] == 1 and same["ci95"][0] == pytest.approx(1)  # no seed noise: every resample agrees
+    noisy = {f"c{i}": [float(i), float(6 - i)] for i in range(1, 6)}  # the two seeds rank in opposite order
+    assert split_half(noisy) == pytest.approx(-1)
+    wide = rank_agreement(noisy, swapped, 300, rng)
+    assert wide["ci95"][1] - wide["ci95"][0] > 0.5  # seed noise widens the interval
+
+
+def test_which_knob_breaks_names_the_worse_single_knob():
+    variants = [ProxyVariant("rows", rows_fraction=0.25), ProxyVariant("narrow", d_divisor=2),
+                ProxyVariant("both", rows_fraction=0.25, d_divisor=2)]
+    res = {"rows": {"rho": 0.7, "reaches_target": False}, "narrow": {"rho": 0.2, "reaches_target": False},
+           "both": {"rho": 0.1, "reaches_target": False}}
+    msg = which_knob_breaks(res, variants)
+    assert "the width knob ('narrow')" in msg
+    assert "split-half rho 0.61" in which_knob_breaks(res, variants, ceiling=0.61)
+    assert "split-half" not in which_knob_breaks(res, variants, ceiling=0.95)
+    res["rows"] = {"rho": 0.9, "reaches_target": True}
+    assert "'rows' reaches" in which_knob_breaks(res, variants)
+
+
+def test_config_roundtrip_and_refusals(tmp_path):
+    default = load_ablation_config(ROOT / "configs" / "ablation.toml")
+    assert len(default.ablations) + 1 >= 10 and default.seeds >= 5
+    cfg = load_config(AblationConfig, SMALL)
+    save_config(cfg, tmp_path / "a.toml")
+    assert load_config(AblationConfig, tmp_path / "a.toml") == cfg
+    for bad, what in ((["seeds=1"], "seeds"), (["budget=0"], "budget"),
+                      (['ablations=[{name = "full", overrides = ["x=1"]}]'], "unique"),
+                      (['proxies=[{name = "p"}]'], "not cheaper")):
+        with pytest.raises(ConfigError, match=what):
+            load_ablation_config(SMALL, bad)
+
+
+def test_cli_refuses_a_bad_study_on_one_line(capsys):
+    from cli_helpers import one_error_line, run_cli
+
+    rc, err = run_cli(capsys, ["scale", "--design", "ablation", "--budget", "small", "--set", "seeds=1"])
+    assert rc == 2 and "seeds" in one_error_line(err, "scale")
+
+
+@pytest.mark.slow
+def test_tiny_study_end_to_end_and_resume(tmp_path):
+    """Two configurations, 2 seeds and one proxy on a shrunk stream: outputs written, ΔNE equals the runs'
+    own test NE difference, and a second call trains nothing."""
+    cfg = load_ablation_config(SMALL, ["budget=2e8", "seeds=2", "lr_grid=[]", "bootstrap=50", "min_steps=2"])
+    cfg.ablations, cfg.proxies = cfg.ablations[:1], cfg.proxies[:1]
+    cfg.proxies[0].seeds = 0  # = the study's 2 seeds
+    extra = ["data.sim.rows=8000"]
+    res = run_ablation(cfg, tmp_path, run_overrides=extra, log=lambda m: None)
+    on_disk = json.loads((tmp_path / "ablation.json").read_text())
+    assert (tmp_path / "ablation_runs.csv").stat().st_size > 0
+    assert on_disk["runs"] == res["runs"] == 2 * 2 + 2 * 2
+    full, abl = res["configs"]
+    for task in ("all/click", "all/conversion"):
+        lo, hi = abl["delta_ne"][task]["ci95"]
+        assert lo <= abl["delta_ne"][task]["mean"] <= hi
+    assert abl["delta_ne"]["tasks"]["mean"] == pytest.approx(abl["test_ne"] - full["test_ne"], abs=1e-5)
+    assert set(res["proxies"]) == {cfg.proxies[0].name}
+    again = run_ablation(cfg, tmp_path, run_overrides=extra, log=lambda m: None)
+    assert again["runs_trained_now"] == 0 and again["configs"][1]["test_ne"] == abl["test_ne"]
