@@ -7,6 +7,11 @@ choice: a model cannot look good merely because the base rate drifted since trai
 
 AUC is exact (rank statistic with average ranks for ties), so predictions are kept per key; that costs
 16 bytes per row and key, fine up to a few million rows.
+
+Calibration (mean prediction / observed rate) comes with a 95 % interval from label noise alone
+(``calibration_lo``/``calibration_hi``): a surface x task with 16 conversions has an observed rate that is
+itself +-50 % uncertain, so a perfectly calibrated model can read 0.8 there. A cell is miscalibrated only
+when its interval excludes 1.0.
 """
 
 from __future__ import annotations
@@ -76,12 +81,39 @@ def calibration(p: np.ndarray, y: np.ndarray) -> float:
     return float(np.mean(p) / np.mean(y))
 
 
+def wilson_interval(positives: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson score interval for a binomial rate (Wilson 1927): unlike rate +- z*se it stays inside [0, 1]
+    and is not degenerate at a handful of positives, which is where calibration needs it."""
+    if n <= 0:
+        return float("nan"), float("nan")
+    r = positives / n
+    centre = (r + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * math.sqrt(r * (1 - r) / n + z * z / (4 * n * n))
+    return max(centre - half, 0.0), min(centre + half, 1.0)
+
+
+def calibration_interval(p: np.ndarray, y: np.ndarray, z: float = 1.96) -> tuple[float, float]:
+    """(lo, hi) of mean prediction / observed rate when only the labels are noisy: mean(p) over the
+    Wilson interval of the observed rate. Conservative for a model (it treats every row as having the base
+    rate; rows of different probabilities give a narrower interval); NaN where calibration is."""
+    y = np.asarray(y, dtype=np.float64)
+    k = int(round(float(y.sum())))
+    if y.size == 0 or k == 0:
+        return float("nan"), float("nan")
+    lo_rate, hi_rate = wilson_interval(k, int(y.size), z)
+    mean_p = float(np.mean(p))
+    return mean_p / hi_rate, (mean_p / lo_rate if lo_rate > 0 else float("inf"))
+
+
 def summarize(p: np.ndarray, y: np.ndarray) -> dict[str, Any]:
     y = np.asarray(y, dtype=np.float64)
+    cal_lo, cal_hi = calibration_interval(p, y)
     return {
         "ne": _finite(normalized_entropy(p, y)),
         "auc": _finite(auc(p, y)),
         "calibration": _finite(calibration(p, y)),
+        "calibration_lo": _finite(cal_lo),  # 95 % interval from label noise (see calibration_interval)
+        "calibration_hi": _finite(cal_hi),
         "log_loss": _finite(log_loss(p, y)),
         "rows": int(y.size),
         "base_rate": _finite(float(y.mean())) if y.size else None,
