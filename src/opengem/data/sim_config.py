@@ -87,6 +87,21 @@ class SimConfig:
     chunk_rows: int = 20_000  # rows per generated chunk = Parquet row group
     compression: str = "zstd"
     start_ts: int = START_TS
+    # --- production-log dynamics (sim_core.Dynamics). Every default leaves the stream bit for bit what it
+    # was before these knobs existed (tests/test_sim_dynamics.py pins a hash), so older studies reproduce.
+    # Ads enter and leave: an ad lives this many days from its birth and gets impressions only while alive,
+    # newest ads first (0 = every ad lives for the whole stream, the original world).
+    ad_lifetime_days: float = 0.0
+    # share of new ads that belong to advertisers who join during the stream (needs ad_lifetime_days > 0)
+    new_advertiser_frac: float = 0.0
+    # each of a user's home topics is redrawn once per this many days, slots staggered (0 = never)
+    interest_period_days: float = 0.0
+    hour_rate_amp: float = 0.25  # daily cycle of every surface's click base rate (logit amplitude)
+    weekly_rate_amp: float = 0.0  # weekly cycle of the click base rate (logit amplitude)
+    traffic_cycle_amp: float = 0.0  # daily cycle of each surface's traffic share (log-share amplitude)
+    # 0..1: how much each surface leans on one kind of signal (sequence, crosses or ids) and away from the
+    # others (0 = the surface table's own weights only)
+    surface_signal_contrast: float = 0.0
 
     def validate(self, where: str = "") -> None:
         """Refuse a config the simulator cannot run, naming the key (under ``where``, e.g. ``data.sim``)."""
@@ -112,6 +127,13 @@ class SimConfig:
         need(self.id_weight >= 0, "id_weight", "must be >= 0")
         for k in ("zipf_users", "zipf_ads", "zipf_topics"):
             need(self.__dict__[k] > 0, k, "must be > 0")
+        for k in ("ad_lifetime_days", "interest_period_days", "hour_rate_amp", "weekly_rate_amp",
+                  "traffic_cycle_amp"):
+            need(getattr(self, k) >= 0, k, "must be >= 0")
+        need(0 <= self.new_advertiser_frac < 1, "new_advertiser_frac", "must be in [0, 1)")
+        need(self.new_advertiser_frac == 0 or self.ad_lifetime_days > 0, "new_advertiser_frac",
+             "needs ad_lifetime_days > 0 (new advertisers enter with new ads)")
+        need(0 <= self.surface_signal_contrast <= 1, "surface_signal_contrast", "must be in [0, 1]")
         if not (isinstance(self.compression, str) and parquet_codec_ok(self.compression)):
             codecs = ", ".join(c for c in PARQUET_CODECS if parquet_codec_ok(c))
             need(False, "compression", f"not a Parquet codec this pyarrow can write; choose one of {codecs}")

@@ -19,6 +19,21 @@ format, objective), with weights that rotate day by day per surface, and a 3-way
 categorical crosses, drifting topic popularity, ad quality; and per-id terms (latent user x ad
 interaction, user and ad biases) scaled by ``id_weight``, which only a model that sees each id many times
 can learn. Conversion (after a click) has its own terms.
+
+Production-log dynamics (``SimConfig``'s dynamics knobs; all off by default, which leaves the stream bit for
+bit as it was). Each models a property of real ads logs:
+
+- ``ad_lifetime_days``: ads enter and leave the inventory -- campaigns and creatives turn over within days
+  (each popularity slot gets a new ad id every lifetime, slots staggered), so a model keeps meeting ad ids
+  it has never seen (cold start) and ids it memorised go away.
+- ``new_advertiser_frac``: advertisers onboard continuously; a new advertiser's ids are cold.
+- ``interest_period_days``: users' long-term interests drift over weeks (one home topic at a time).
+- ``drift_rad_per_day`` (existing): the value of a feature cross changes over time (concept drift).
+- ``hour_rate_amp`` / ``weekly_rate_amp``: click-through follows the hour of the day and the day of week.
+- ``traffic_cycle_amp``: each surface has its own daily traffic peak (e.g. messaging in the evening).
+- ``surface_signal_contrast``: surfaces differ in which signals predict a click (search and messaging are
+  intent- and sequence-driven, feed on attribute crosses, video on per-id memory), beside their base rates
+  (the surface table's intercepts).
 """
 
 from __future__ import annotations
@@ -141,6 +156,15 @@ T_INTENT, T_INTENT2, T_PERIOD, T_PHASE, T_FAVSURF, T_ADV, T_OBJ, T_FMT, T_QUAL, 
 T_UBIAS, T_ABIAS, T_XCROSS, T_CCROSS, T_WA, T_WB, T_TOPIC_PERM, T_TDRIFT, T_INTERESTS, T_FMTB = range(19, 29)
 T_NINT, T_WPHASE = 29, 30
 T_LAGE, T_LCTRY, T_LDEV, T_LTOPIC, T_LFMT, T_LOBJ = range(31, 37)
+T_HOMEPHASE, T_NEWADV, T_WEEKPHASE, T_SLOTPHASE = range(37, 41)
+
+# surface_signal_contrast: the signal group each named surface leans on (later surfaces: s mod 3)
+SIGNAL_GROUPS = {
+    "sequence": ("recent", "engaged", "affinity"),
+    "cross": ("cross2", "cross3", "cat_cross", "fmt_bias"),
+    "id": ("id_latent", "user_bias", "ad_bias"),
+}
+_SURFACE_LEAN = ("cross", "sequence", "id", "sequence")  # feed, stories, video, messaging
 
 
 @dataclass
@@ -188,6 +212,60 @@ class World:
         self.w_phase = 2 * np.pi * self.H.uniform(T_WPHASE, s_idx)
         self.obj_cvr = np.linspace(-1.0, 1.5, cfg.objectives) if cfg.objectives > 1 else np.zeros(1)
         self.obj_bid = np.exp(np.linspace(0.0, 1.2, cfg.objectives))
+        self.signal_mult = signal_multipliers(cfg.surfaces, cfg.surface_signal_contrast)
+        self.week_phase = 2 * np.pi * float(self.H.uniform(T_WEEKPHASE, np.zeros(1, np.int64))[0])
+
+    # ----------------------------------------------------------------- ads entering over time
+    def ad_slots(self, topic: np.ndarray) -> np.ndarray:
+        """Ad slots per topic: slot r (Zipf popularity rank r) hosts one ad at a time, replaced every
+        ad_lifetime_days at a per-slot phase; generations g = 0..G-1 cover the stream (ids g * slots + r)."""
+        gens = int(math.floor(self.cfg.days / self.cfg.ad_lifetime_days)) + 2
+        return np.maximum(self.ads_per_topic[topic] // gens, 1)
+
+    def _slot_phase(self, topic: np.ndarray, slot: np.ndarray) -> np.ndarray:
+        return self.H.uniform(T_SLOTPHASE, topic, slot)
+
+    def ad_birth_day(self, ad: np.ndarray) -> np.ndarray:
+        """Day (relative to start_ts; <= 0 for the first generation) on which ``ad`` starts getting
+        impressions; it gets them for ad_lifetime_days from then."""
+        ad = np.asarray(ad, dtype=np.int64)
+        topic, i = ad % self.cfg.topics, ad // self.cfg.topics
+        v = self.ad_slots(topic)
+        g, r = i // v, i % v
+        return (g - self._slot_phase(topic, r)) * self.cfg.ad_lifetime_days
+
+    def live_ad_in_topic(self, topic: np.ndarray, u: np.ndarray, tday: np.ndarray) -> np.ndarray:
+        """The ad alive on (fractional) day ``tday`` in the Zipf-ranked slot ``u`` picks: popularity belongs
+        to the slot, so an ad keeps its rank for its life and its successor inherits it (a new creative of
+        a campaign). A history event from before day 0 may show the slot's first-generation ad."""
+        v = self.ad_slots(topic)
+        r = zipf_rank(u, v, self.cfg.zipf_ads)
+        g = np.maximum(np.floor(tday / self.cfg.ad_lifetime_days + self._slot_phase(topic, r)), 0)
+        return (g.astype(np.int64) * v + r) * self.cfg.topics + topic
+
+    def pick_ad(self, topic: np.ndarray, u: np.ndarray, tday: np.ndarray) -> np.ndarray:
+        if self.cfg.ad_lifetime_days > 0:
+            return self.live_ad_in_topic(topic, u, tday)
+        return self.ad_in_topic(topic, u)
+
+    def advertiser_of(self, ad: np.ndarray) -> np.ndarray:
+        """Advertiser of each ad; with new_advertiser_frac > 0 that share of ads born during the stream
+        belongs to an advertiser who joined by the ad's birth (advertisers join evenly over the days)."""
+        cfg = self.cfg
+        est = zipf_rank(self.H.uniform(T_ADV, ad), cfg.advertisers, 1.0)
+        if cfg.new_advertiser_frac <= 0:
+            return est
+        n_old = max(1, int(math.ceil(cfg.advertisers * (1 - cfg.new_advertiser_frac))))
+        n_new = cfg.advertisers - n_old
+        if n_new <= 0:
+            return est
+        est = zipf_rank(self.H.uniform(T_ADV, ad), n_old, 1.0)
+        born = np.clip(self.ad_birth_day(ad) / cfg.days, 0.0, 1.0)
+        joined = np.floor(n_new * born).astype(np.int64)  # new advertisers that exist at the ad's birth
+        u = self.H.uniform(T_NEWADV, ad)
+        new = n_old + np.minimum((u / cfg.new_advertiser_frac * joined).astype(np.int64),
+                                 np.maximum(joined - 1, 0))
+        return np.where((u < cfg.new_advertiser_frac) & (joined > 0), new, est)
 
     # ----------------------------------------------------------------- visible-attribute latents
     def _attr(self, tag: int, ids: np.ndarray) -> np.ndarray:
@@ -222,10 +300,19 @@ class World:
         """Topic for uniforms ``u`` from an inverse-CDF lookup table (see ``inverse_table``)."""
         return table[(u * INV_BINS).astype(np.int64)]
 
-    def home_topics(self, user: np.ndarray) -> np.ndarray:
-        """[n, 3] long-term interest topics (weights HOME_W), drawn from base popularity."""
+    def home_topics(self, user: np.ndarray, tday: np.ndarray | None = None) -> np.ndarray:
+        """[n, 3] long-term interest topics (weights HOME_W), drawn from base popularity.
+
+        With interest_period_days > 0 each slot is redrawn once per period, at a per-user, per-slot phase,
+        so a user's interests change one topic at a time (``tday``: the impression's day)."""
         j = np.arange(N_HOME)
-        return self.sample_topic(self.H.uniform(T_HOME, user[:, None], j[None, :]), self.base_inv)
+        P = self.cfg.interest_period_days
+        if P <= 0 or tday is None:
+            return self.sample_topic(self.H.uniform(T_HOME, user[:, None], j[None, :]), self.base_inv)
+        phase = self.H.uniform(T_HOMEPHASE, user[:, None], j[None, :])
+        epoch = np.floor(np.asarray(tday)[:, None] / P + phase).astype(np.int64)
+        key = j[None, :] + N_HOME * epoch
+        return self.sample_topic(self.H.uniform(T_HOME, user[:, None], key), self.base_inv)
 
     def pick_home(self, home: np.ndarray, u: np.ndarray) -> np.ndarray:
         idx = (u > HOME_W[0]).astype(np.int64) + (u > HOME_W[0] + HOME_W[1])
@@ -251,6 +338,21 @@ class World:
         return r * self.cfg.topics + topic
 
 
+def signal_multipliers(n_surfaces: int, contrast: float) -> np.ndarray | None:
+    """[S, n_terms] weights per surface and click term (None when contrast is 0: terms stay untouched).
+
+    Surface s leans on its group (x (1 + contrast)) and away from the other two (x (1 - contrast / 2))."""
+    if contrast <= 0:
+        return None
+    names = [t for g in SIGNAL_GROUPS.values() for t in g]
+    out = np.ones((n_surfaces, len(names)))
+    for s in range(n_surfaces):
+        lean = _SURFACE_LEAN[s] if s < len(_SURFACE_LEAN) else tuple(SIGNAL_GROUPS)[s % 3]
+        for k, name in enumerate(names):
+            out[s, k] = 1 + contrast if name in SIGNAL_GROUPS[lean] else 1 - contrast / 2
+    return out
+
+
 def click_terms(world: World, *, s: np.ndarray, tday: np.ndarray, user: np.ndarray, ad: np.ndarray,
                 ad_topic: np.ndarray, fmt: np.ndarray, objective: np.ndarray, age: np.ndarray,
                 country: np.ndarray, device: np.ndarray, quality: np.ndarray, act: np.ndarray,
@@ -273,7 +375,7 @@ def click_terms(world: World, *, s: np.ndarray, tday: np.ndarray, user: np.ndarr
     uvec = H.latent(T_USER_LAT, user, K)
     avec = H.latent(T_AD_LAT, ad, K)
     idw = cfg.id_weight
-    return {
+    terms = {
         "recent": sp[s, 2] * recent_frac,
         "engaged": sp[s, 9] * np.log1p(engaged_n),
         "affinity": sp[s, 3] * affinity,
@@ -288,6 +390,11 @@ def click_terms(world: World, *, s: np.ndarray, tday: np.ndarray, user: np.ndarr
         "user_bias": idw * 0.4 * H.normal(T_UBIAS, user),
         "ad_bias": idw * 0.3 * H.normal(T_ABIAS, ad),
     }
+    if world.signal_mult is not None:
+        names = [t for g in SIGNAL_GROUPS.values() for t in g]
+        for k, name in enumerate(names):
+            terms[name] = terms[name] * world.signal_mult[s, k]
+    return terms
 
 
 def day_bounds(cfg: SimConfig) -> np.ndarray:
@@ -322,9 +429,15 @@ def generate_chunk(world: World, day: int, r0: int, r1: int, chunk_index: int) -
     end_ts = cfg.start_ts + cfg.days * DAY
 
     # --- surface and user
-    surface = np.minimum(np.searchsorted(np.cumsum(sp[:, 0]), rng.random(n), side="right"), cfg.surfaces - 1)
+    u_surface = rng.random(n)
+    if cfg.traffic_cycle_amp > 0:  # each surface's share peaks at its own hour (phase: the surface table)
+        w = sp[:, 0] * np.exp(cfg.traffic_cycle_amp * np.sin(2 * np.pi * hour[:, None] / 24.0 + sp[:, 8]))
+        cdf = np.cumsum(w, 1) / w.sum(1, keepdims=True)
+        surface = np.minimum((u_surface[:, None] >= cdf).sum(1), cfg.surfaces - 1)
+    else:
+        surface = np.minimum(np.searchsorted(np.cumsum(sp[:, 0]), u_surface, side="right"), cfg.surfaces - 1)
     user = zipf_rank(rng.random(n), cfg.users, cfg.zipf_users)
-    home = world.home_topics(user)
+    home = world.home_topics(user, tday)
     act = np.exp(0.5 * H.normal(T_ACT, user) - 0.125)  # mean-one activity level
     age = (H.h(T_AGE, user) % U64(cfg.age_buckets)).astype(np.int64)
     country = zipf_rank(H.uniform(T_COUNTRY, user), cfg.countries, 1.2)
@@ -372,7 +485,7 @@ def generate_chunk(world: World, day: int, r0: int, r1: int, chunk_index: int) -
     longterm = np.where(u_ev[1] < 0.6, home_flat[row * N_HOME + hidx],
                         world.sample_topic(u_ev[2], world.base_inv))
     ev_topic = np.where(u_ev[0] < 0.75, ev_intent, longterm)
-    ev_item = world.ad_in_topic(ev_topic, rng.random(ne))
+    ev_item = world.pick_ad(ev_topic, rng.random(ne), tday[row] - dt / DAY)
     in_home = ((ev_topic == home_flat[row * N_HOME]) | (ev_topic == home_flat[row * N_HOME + 1])
                | (ev_topic == home_flat[row * N_HOME + 2]))
     u_act = rng.random((2, ne))
@@ -390,8 +503,8 @@ def generate_chunk(world: World, day: int, r0: int, r1: int, chunk_index: int) -
     trending = world.sample_topic(u_ad[1], inverse_table(np.cumsum(world.day_probs(day + 0.5))))
     ad_topic = np.where(u_ad[0] < 0.3, cur_intent,
                         np.where(u_ad[0] < 0.5, world.pick_home(home, u_ad[1]), trending))
-    ad = world.ad_in_topic(ad_topic, u_ad[2])
-    advertiser = zipf_rank(H.uniform(T_ADV, ad), cfg.advertisers, 1.0)
+    ad = world.pick_ad(ad_topic, u_ad[2], tday)
+    advertiser = world.advertiser_of(ad)
     objective = (H.h(T_OBJ, advertiser) % U64(cfg.objectives)).astype(np.int64)
     fmt = (H.h(T_FMT, ad) % U64(cfg.formats)).astype(np.int64)
     quality = H.uniform(T_QUAL, ad) ** 0.7
@@ -409,7 +522,9 @@ def generate_chunk(world: World, day: int, r0: int, r1: int, chunk_index: int) -
                         objective=objective, age=age, country=country, device=device, quality=quality,
                         act=act, recent_frac=recent_frac, engaged_n=engaged_n, affinity=affinity)
     signal = sum(terms.values())
-    hour_eff = 0.25 * np.sin(2 * np.pi * hour / 24.0 + sp[s, 8])
+    hour_eff = cfg.hour_rate_amp * np.sin(2 * np.pi * hour / 24.0 + sp[s, 8])
+    if cfg.weekly_rate_amp > 0:
+        hour_eff = hour_eff + cfg.weekly_rate_amp * np.sin(2 * np.pi * tday / 7.0 + world.week_phase)
     p_click = 1.0 / (1.0 + np.exp(-(sp[s, 1] + cfg.click_bias + hour_eff + cfg.click_scale * signal)))
     fmt_bias = H.normal(T_FMTB, surface * cfg.formats + fmt)
     abias = H.normal(T_ABIAS, ad)

@@ -203,6 +203,10 @@ _FLAGS = {  # flag -> SimConfig field (help comes from the field name and defaul
     "conv-window-hours": "conv_window_hours", "drift-rad-per-day": "drift_rad_per_day",
     "click-scale": "click_scale", "zipf-users": "zipf_users", "zipf-ads": "zipf_ads",
     "gap-mean-s": "gap_mean_s", "compression": "compression", "start-ts": "start_ts",
+    "ad-lifetime-days": "ad_lifetime_days", "new-advertiser-frac": "new_advertiser_frac",
+    "interest-period-days": "interest_period_days", "hour-rate-amp": "hour_rate_amp",
+    "weekly-rate-amp": "weekly_rate_amp", "traffic-cycle-amp": "traffic_cycle_amp",
+    "surface-signal-contrast": "surface_signal_contrast",
 }
 
 

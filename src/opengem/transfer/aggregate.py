@@ -95,3 +95,31 @@ def aggregate(per_seed: list[dict[str, Any]], arms: list[str], cfg: ExperimentCo
                     "end_to_end_tr": ratio(ne_b - ne_vm, ne_b - ne_fm),
                 }
     return out
+
+
+def select_rows(seed_res: dict[str, Any], ids: np.ndarray) -> dict[str, Any]:
+    """One seed's results restricted to the examples in ``ids`` (every per-example array, every arm, the KD
+    grid and the FM), e.g. to split validation windows from evaluation windows."""
+
+    def pick(x: Any) -> Any:
+        if isinstance(x, dict) and "example_id" in x:
+            keep = np.isin(x["example_id"], ids)
+            n = len(keep)
+            return {k: (v[keep] if isinstance(v, np.ndarray) and v.ndim and len(v) == n else v)
+                    for k, v in x.items()}
+        if isinstance(x, dict):
+            return {k: pick(v) for k, v in x.items()}
+        return x
+
+    return {sname: pick(r) for sname, r in seed_res.items()}
+
+
+def calibration_table(val_seed: list[dict[str, Any]], cfg: ExperimentConfig) -> dict[str, Any]:
+    """Tuned KD's TR (and the NEs behind it) per VM surface x task on the validation windows: the number
+    the regime is calibrated on (issue 15: TR in [0.15, 0.5] on every VM surface)."""
+    agg = aggregate(val_seed, ["baseline", "kd"], cfg)
+    return {
+        key: {"baseline_ne": agg["arms"]["baseline"][key]["ne"], "kd_ne": m["ne"],
+              "fm_ne": agg["fm"][key]["ne"], "kd_tr": m["tr"], "rows": m["rows"]}
+        for key, m in agg["arms"]["kd"].items()
+    }

@@ -38,14 +38,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow.parquet as pq
 
 from opengem.train.distributed import process_group
 from opengem.train.env import cpu_threads, resolve_device
-from opengem.transfer.aggregate import aggregate
+from opengem.transfer.aggregate import aggregate, calibration_table, select_rows
 from opengem.transfer.arms import arm_configs, tune_kd
 from opengem.transfer.experiment_config import ALL_ARMS, ExperimentConfig, load_experiment_config
-from opengem.transfer.results import arms_table, staleness_plot, staleness_table
+from opengem.transfer.results import arms_table, fmt, staleness_plot, staleness_table
 from opengem.transfer.seed_run import SeedRun
+from opengem.transfer.windows import version_for_window
 
 
 def run_experiment(cfg: ExperimentConfig, out: str | Path, log: Any = print) -> dict[str, Any]:
@@ -62,17 +64,26 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path, log: Any = print) -> 
             f"FM versions ready ({len(runs[0].versions)} per seed); VM windows {runs[0].windows}, "
             f"eval {runs[0].eval_windows}"
         )
-        # 1) default lag: tune KD on the first seed, then every arm on every seed
+        val_ids = [validation_ids(r) for r in runs]
+        if cfg.validation_windows:
+            log(f"validation windows {val_windows(runs[0])}: KD tuned and regime calibrated there; "
+                "the arms table reports the windows after them")
+        # 1) default lag: tune KD on the first seed (its validation windows when there are any), then
+        # every arm on every seed
         first = runs[0].run_lag(cfg.lag, [], None)
-        kd_best = tune_kd(first, cfg.kd.grid)
+        kd_best = tune_kd(select_rows(first, val_ids[0]) if cfg.validation_windows else first, cfg.kd.grid)
         acfg = arm_configs(cfg, kd_best)
         log(f"tuned KD: weight={kd_best[0]} temperature={kd_best[1]}")
-        per_seed = []
+        per_seed_all = []
         for i, r in enumerate(runs):
             res = r.run_lag(cfg.lag, arms, acfg, kd_results={})
-            per_seed.append(res)
+            per_seed_all.append(res)
             log(f"seed {cfg.seeds[i]}: arms done ({time.perf_counter() - t0:.0f}s)")
+        per_seed = reported_rows(per_seed_all, val_ids, cfg)
         main = aggregate(per_seed, arms, cfg)
+        calib = (calibration_table([select_rows(res, v) for res, v in zip(per_seed_all, val_ids)], cfg)
+                 if cfg.validation_windows else {})
+        regime = regime_facts(runs[0], cfg, per_seed[0])
         # 2) staleness sweep: the sweep arms at every lag (the baseline is lag-free: reuse it)
         sweep: dict[str, Any] = {}
         sweep_arms = [a for a in cfg.sweep_arms if a in arms and a not in ("baseline",)]
@@ -84,8 +95,9 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path, log: Any = print) -> 
                 for i, r in enumerate(runs):
                     res = r.run_lag(lag, [a for a in sweep_arms if a != "baseline"], acfg, kd_results={})
                     for sname in res:
-                        res[sname]["baseline"] = per_seed[i][sname]["baseline"]
+                        res[sname]["baseline"] = per_seed_all[i][sname]["baseline"]
                     lag_seed.append(res)
+                lag_seed = reported_rows(lag_seed, val_ids, cfg)
             agg = aggregate(lag_seed, ["baseline", *[a for a in sweep_arms if a != "baseline"]], cfg)
             sweep[str(lag)] = {
                 a: {k: {"tr": m["tr"], "ne": m["ne"], "r": m["r"]} for k, m in agg["arms"][a].items()}
@@ -107,7 +119,10 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path, log: Any = print) -> 
     result = {
         "config": asdict(cfg),
         "kd_tuned": {"weight": kd_best[0], "temperature": kd_best[1]},
-        "windows": {"vm": runs[0].windows, "eval": runs[0].eval_windows},
+        "windows": {"vm": runs[0].windows, "eval": runs[0].eval_windows[cfg.validation_windows:],
+                    "validation": val_windows(runs[0])},
+        "calibration": calib,
+        "regime": regime,
         "soft_labels": "per task, the FM head of the example's own surface",
         "arms": main["arms"],
         "fm": main["fm"],
@@ -131,11 +146,92 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path, log: Any = print) -> 
     (out / "transfer.json").write_text(json.dumps(_jsonable(result), indent=2))
     if sweep:
         staleness_plot(sweep, str(out / "staleness.png"))
+    if calib:
+        log("\ncalibration (validation windows): tuned KD's TR per VM surface x task\n"
+            + calibration_text(calib))
+    log(regime_text(regime))
     log(arms_table(result, arms))
     if sweep:
         log("\nstaleness sweep (transfer ratio)\n" + staleness_table(sweep))
     log(f"\nwrote {out / 'transfer.json'} ({result['seconds']:.0f}s)")
     return result
+
+
+def val_windows(run: SeedRun) -> list[str]:
+    return run.eval_windows[: run.cfg.validation_windows]
+
+
+def validation_ids(run: SeedRun) -> np.ndarray:
+    """Example ids of a seed's validation windows (empty when there are none)."""
+    col = run.schema.example_id_column
+    files = [f for w in val_windows(run) for f in run.ds.files(w)]
+    if not files:
+        return np.zeros(0, np.int64)
+    return np.concatenate([pq.read_table(f, columns=[col]).column(0).to_numpy() for f in files])
+
+
+def reported_rows(per_seed: list[dict[str, Any]], val_ids: list[np.ndarray],
+                  cfg: ExperimentConfig) -> list[dict[str, Any]]:
+    """Per-seed results without the validation windows' rows (all rows when there are none)."""
+    if not cfg.validation_windows:
+        return per_seed
+    out = []
+    for res, v in zip(per_seed, val_ids):
+        ids = np.concatenate([a["example_id"] for r in res.values() for a in r.values()
+                              if isinstance(a, dict) and "example_id" in a])
+        out.append(select_rows(res, np.setdiff1d(ids, v)))
+    return out
+
+
+def regime_facts(run: SeedRun, cfg: ExperimentConfig, seed_res: dict[str, Any]) -> dict[str, Any]:
+    """What makes the regime production-like, measured on the first seed: FM vs VM training rows at every
+    reported window (at the default lag), and FM vs VM serving FLOPs/example."""
+    from opengem.model.flops import model_flops
+    from opengem.model.registry import build_model
+
+    sch = run.schema
+    rows = {}  # window -> rows per surface
+    for w in run.parts:
+        s = np.concatenate([pq.read_table(f, columns=[sch.surface_column]).column(0).to_numpy()
+                            for f in run.ds.files(w)])
+        rows[w] = np.bincount(s, minlength=len(sch.surfaces))
+    idx = {w: i for i, w in enumerate(run.parts)}
+    fm_flops = model_flops(build_model(sch, cfg.fm.model))  # analytic: the config's, not a loaded version's
+    out: dict[str, Any] = {"publish_every": cfg.publish_every, "lag": cfg.lag, "vm_start": run.vm_start,
+                           "fm_flops_per_example": fm_flops, "surfaces": {}}
+    for sname, r in seed_res.items():
+        s = sch.surfaces.index(sname)
+        per_w = []
+        for w in run.eval_windows[cfg.validation_windows:]:
+            v = version_for_window(idx[w], cfg.publish_every, cfg.lag)
+            fm_rows = int(sum(rows[p].sum() for p in run.parts[:v]))
+            vm_rows = int(sum(rows[p][s] for p in run.parts[run.vm_start: idx[w]]))
+            per_w.append({"window": w, "fm_version": v, "fm_rows": fm_rows, "vm_rows": vm_rows,
+                          "fm_over_vm_rows": fm_rows / max(vm_rows, 1)})
+        vm_flops = int(r["baseline"]["serving_flops"])
+        out["surfaces"][sname] = {
+            "windows": per_w, "min_fm_over_vm_rows": min(p["fm_over_vm_rows"] for p in per_w),
+            "vm_flops_per_example": vm_flops, "fm_over_vm_flops": fm_flops / max(vm_flops, 1)}
+    return out
+
+
+def calibration_text(calib: dict[str, Any]) -> str:
+    lines = [f"{'surface/task':<22}{'base NE':>9}{'KD NE':>9}{'FM NE':>9}{'KD TR':>8}{'in band':>9}"]
+    for k, m in calib.items():
+        tr = m["kd_tr"]
+        ok = "yes" if tr is not None and 0.15 <= tr <= 0.5 else "no"
+        lines.append(f"{k:<22}{fmt(m['baseline_ne']):>9}{fmt(m['kd_ne']):>9}{fmt(m['fm_ne']):>9}"
+                     f"{fmt(tr, 2):>8}{ok:>9}")
+    return "\n".join(lines)
+
+
+def regime_text(regime: dict[str, Any]) -> str:
+    lines = [f"\nregime: FM versions every {regime['publish_every']} windows, lag {regime['lag']}, VM from "
+             f"window {regime['vm_start']}, FM {regime['fm_flops_per_example']:,} FLOPs/example"]
+    for sname, m in regime["surfaces"].items():
+        lines.append(f"  {sname}: FM/VM training rows >= {m['min_fm_over_vm_rows']:.1f}x, FM/VM serving "
+                     f"FLOPs {m['fm_over_vm_flops']:.1f}x (VM {m['vm_flops_per_example']:,})")
+    return "\n".join(lines)
 
 
 def _jsonable(x: Any) -> Any:

@@ -72,6 +72,16 @@ class ExperimentConfig:
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     surfaces: list[str] = field(default_factory=list)  # VM surfaces ([] = all)
     lag: int = 1  # default staleness (versions behind the freshest allowed one)
+    # an FM version is published every K windows (version k = the FM trained on the first k windows, k = K,
+    # 2K, ...): a lag of L versions is then L * K windows of staleness on top of the publishing delay
+    publish_every: int = 1
+    # the VM's first window: it trains on its own surface from here on (its "recent window"), while every
+    # FM version trains on all surfaces from window 0; raised to publish_every * (1 + largest lag) if lower
+    vm_first_window: int = 0
+    # the first N evaluation windows are validation: KD is tuned there and the regime is calibrated there
+    # (``calibration`` in transfer.json); the arms table reports only the windows after them (0 = tune
+    # and report on the same windows, the original protocol)
+    validation_windows: int = 0
     staleness: list[int] = field(default_factory=lambda: [0, 1, 2, 4])  # sweep ([] = none)
     sweep_arms: list[str] = field(
         default_factory=lambda: ["kd", "aux_head", "student_adapter", "fm_embeddings"]
@@ -108,6 +118,10 @@ class ExperimentConfig:
             raise ConfigError("kd.grid: a list of [weight, temperature] or [weight, temperature, mse]")
         if self.lag < 0 or any(s < 0 for s in self.staleness):
             raise ConfigError("lag / staleness: must be >= 0")
+        for key in ("publish_every", "vm_first_window", "validation_windows"):
+            low = 1 if key == "publish_every" else 0
+            if not isinstance(getattr(self, key), int) or getattr(self, key) < low:
+                raise ConfigError(f"{key}: an integer >= {low}, got {getattr(self, key)!r}")
         if self.sharing.mode not in ("init", "lowlr", "frozen"):
             raise ConfigError(f"sharing.mode: init | lowlr | frozen, got {self.sharing.mode!r}")
 

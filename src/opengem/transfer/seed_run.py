@@ -20,10 +20,15 @@ from opengem.transfer.hierarchical import run_hierarchical
 from opengem.transfer.knowledge import KnowledgeTable, read_labels
 from opengem.transfer.preds import concat_preds
 from opengem.transfer.representation import embedding_lookup
-from opengem.transfer.versions import train_fm_versions
 from opengem.transfer.vertical import build_vm_dataset, check_budget, derive_vm_schema
 from opengem.transfer.vm_train import ArmConfig, ProgressiveStudent
-from opengem.transfer.windows import prepare_data, window_len
+from opengem.transfer.windows import (
+    prepare_data,
+    train_published_versions,
+    version_for_window,
+    vm_start_window,
+    window_len,
+)
 
 
 class SeedRun:
@@ -41,18 +46,14 @@ class SeedRun:
         self.parts = self.ds.partitions()
         lags = sorted({cfg.lag, *cfg.staleness})
         self.lags = lags
-        self.vm_start = 1 + max(lags)
-        if self.vm_start + 1 >= len(self.parts):
-            raise ConfigError(
-                f"{self.data}: {len(self.parts)} windows; lag {max(lags)} needs at least "
-                f"{self.vm_start + 2} (raise data.sim.days or lower the staleness)"
-            )
+        self.vm_start = vm_start_window(cfg, lags, len(self.parts), str(self.data))
         self.windows = self.parts[self.vm_start :]
         self.eval_windows = self.parts[self.vm_start + 1 :]
         fm_cfg = copy.deepcopy(cfg.fm)
         fm_cfg.train.seed = seed
         t0 = time.perf_counter()
-        self.versions = train_fm_versions(fm_cfg, self.data, self.root / "fm", self.parts)
+        self.versions = train_published_versions(fm_cfg, self.data, self.root / "fm", self.parts,
+                                                 cfg.publish_every)
         self.fm_train_s = time.perf_counter() - t0
         self.window_len = window_len(self.ds)
         names = cfg.surfaces or list(self.schema.surfaces)
@@ -78,7 +79,7 @@ class SeedRun:
         return read_side_table(out, self.windows)
 
     def fm_for_sharing(self, lag: int) -> Any:
-        k = self.vm_start - lag  # the version the first VM window may use (trained on k windows)
+        k = version_for_window(self.vm_start, self.cfg.publish_every, lag)  # the first VM window's version
         v = next(v for v in self.versions if v.version == k)
         return _load_version(v, self.schema, self.device, self.pg)
 

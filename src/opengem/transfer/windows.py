@@ -1,4 +1,11 @@
-"""The experiment's stream: a simulated one per seed, or a real dataset cut into day windows."""
+"""The experiment's stream: a simulated one per seed, or a real dataset cut into day windows; and its
+schedule in windows -- which FM versions are published (every ``publish_every`` windows), where the VM
+starts, and which version an example in each window may use at a lag.
+
+No leakage by construction: version k is trained on windows 0..k-1, so an example of window w may use it
+only when k <= w (``versions.select_versions`` enforces trained-through < ts per example); the schedule
+here only decides where the VM starts so that every lag has a version for its first window.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +22,7 @@ from opengem.data.dataset import Dataset
 from opengem.data.sim_config import SimConfig
 from opengem.data.simulate import simulate
 from opengem.transfer.experiment_config import ExperimentConfig
+from opengem.transfer.versions import FMVersion, VersionError, list_versions, train_fm_versions
 
 
 def prepare_data(cfg: ExperimentConfig, seed: int, root: Path) -> Path:
@@ -63,3 +71,53 @@ def window_len(ds: Dataset) -> float:
         ts = pc.min_max(pq.read_table(ds.files(p)[0], columns=[ds.schema.time_column]).column(0))
         spans.append(ts["max"].as_py() - ts["min"].as_py())
     return float(max(np.median(spans), 1))
+
+
+def published_versions(n_windows: int, every: int) -> list[int]:
+    """Version numbers (= windows trained on) published over ``n_windows`` windows: every, 2 * every, ..."""
+    return list(range(every, n_windows, every))
+
+
+def version_for_window(window: int, every: int, lag: int) -> int:
+    """The version an example of window ``window`` uses at ``lag``: the newest published one trained only
+    on earlier windows, stepped back ``lag`` publications (0 = none yet)."""
+    return max((window // every - lag) * every, 0)
+
+
+def vm_start_window(cfg: ExperimentConfig, lags: list[int], n_windows: int, where: str = "") -> int:
+    """The VM's first window: the configured one, but never before every lag has a version to use, and
+    leaving the validation windows plus at least one evaluation window after it."""
+    start = max(cfg.publish_every * (1 + max(lags)), cfg.vm_first_window)
+    need = start + 2 + cfg.validation_windows
+    if need > n_windows:
+        raise ConfigError(
+            f"{where or 'data'}: {n_windows} windows; VM start {start} (publish_every "
+            f"{cfg.publish_every} x (1 + lag {max(lags)}), vm_first_window {cfg.vm_first_window}) plus "
+            f"{cfg.validation_windows} validation and 1 evaluation window needs {need} (raise data.sim.days, "
+            "or lower the staleness, publish_every or vm_first_window)"
+        )
+    return start
+
+
+def train_published_versions(fm_cfg: object, data_dir: Path, run: Path, parts: list[str],
+                             every: int) -> list[FMVersion]:
+    """Train (or reuse) exactly the published versions: version k on ``parts[:k]`` for k in
+    :func:`published_versions`. A run folder holding other versions (another publish_every) is refused:
+    the side tables would pick them up."""
+    ks = published_versions(len(parts), every)
+    if run.is_dir():
+        have = {v.version for v in _listed(run)}
+        extra = sorted(have - set(ks))
+        if extra:
+            raise ConfigError(f"{run}: holds FM versions {extra} outside this publish_every={every} schedule "
+                              f"{ks}; use a fresh --out")
+    for k in ks:
+        train_fm_versions(fm_cfg, data_dir, run, parts[: k + 1], first=k)
+    return list_versions(run)
+
+
+def _listed(run: Path) -> list[FMVersion]:
+    try:
+        return list_versions(run)
+    except VersionError:  # no versions/ folder or none published yet
+        return []
