@@ -66,7 +66,8 @@ def format_table(results: list[dict[str, Any]]) -> str:
             f"{r0['windows']} windows x {r0['steps']} steps after {r0['warmup']} warm-up, "
             f"load average {r0['load_average']}")
     cols = (f"{'model':<8}{'prec':>5}{'fwd MFLOP/ex':>13}{'examples/s':>12}{'x first':>8}{'GFLOP/s':>9}"
-            f"{'peak GFLOP/s':>13}{'MFU':>8}{'MFU full':>9}{'peak MB':>9}{'1st step s':>11}{'loader x':>9}")
+            f"{'peak GFLOP/s':>13}{'MFU':>8}{'MFU full':>9}{'MFU cpu':>8}{'peak MB':>9}{'1st step s':>11}"
+            f"{'loader x':>9}")
     lines = [head, cols, "-" * len(cols)]
     for r in results:
         loader = r.get("loader_examples_per_s")
@@ -75,11 +76,14 @@ def format_table(results: list[dict[str, Any]]) -> str:
             f"{r['model']:<8}{r.get('precision', 'fp32'):>5}{fwd / 1e6:>13.3f}"
             f"{r['examples_per_s']:>12,.0f}{r['examples_per_s'] / r0['examples_per_s']:>8.2f}"
             f"{r['achieved_flops'] / 1e9:>9.2f}{r['peak_flops'] / 1e9:>13.1f}{r['mfu']:>8.2%}"
-            f"{r['mfu_full']:>9.2%}{r['peak_mem_mb']:>9.1f}{r['time_to_first_step_s']:>11.2f}"
+            f"{r['mfu_full']:>9.2%}{r.get('mfu_cpu', float('nan')):>8.2%}{r['peak_mem_mb']:>9.1f}"
+            f"{r['time_to_first_step_s']:>11.2f}"
             f"{loader / r['examples_per_s'] if loader else float('nan'):>9.1f}")
     lines.append("FLOPs/example = 3 x analytic forward (fwd+bwd) at each example's real history length; "
                  "'MFU full' counts every history at max_len. Peak: best matmul in the run's precision, same "
                  "process.")
+    lines.append("MFU cpu = examples per CPU-second of this process x FLOPs/example / CPU-time peak (time "
+                 "slices lost to other processes cancel out on a shared machine)")
     lines.append("loader x = loader examples/s (reading + moving batches, same run) / training examples/s")
     lines.append(f"peak memory: {r0['peak_mem_method']}")
     return "\n".join(lines)

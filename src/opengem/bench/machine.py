@@ -2,14 +2,17 @@
 
 MFU is only meaningful against a peak measured in the same process, with the same thread count, at the
 same moment (these machines are shared and noisy), so the benchmark measures its own peak: the median of
-a few large square matmuls in the dtype the model's matmuls run in: under ``train.precision = "bf16"``
-a bf16 peak (AMX on CPU: about 7x the fp32 one), so a bf16 run is never flattered by the fp32 peak.
+large square matmuls in the dtype the model's matmuls run in (under ``train.precision = "bf16"`` a
+bf16 peak: AMX on CPU, about 7x the fp32 one), so a bf16 run is never flattered by the fp32 peak; timed in
+wall time and in CPU time, after a warm-up, in blocks long enough to time (see :func:`matmul_peak`).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import resource
+import statistics
 import time
 from pathlib import Path
 
@@ -25,36 +28,69 @@ def sync(device: torch.device) -> None:
 
 
 PEAK_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}  # train.precision -> dtype of the peak
+WARMUP_S = 0.25  # untimed matmuls first: oneDNN builds its AMX / AVX-512 kernels and the clock ramps up
+MIN_BLOCK_S = 0.01  # each timed block runs enough matmuls to last this long: one bf16 1024^3 is ~2 ms
 
 
 def matmul_peak(device: torch.device, n: int | None = None, repeats: int = 7,
-                precision: str = "fp32") -> dict[str, float | int | str]:
+                precision: str = "fp32") -> dict[str, float | int | str | list[float]]:
     """FLOP/s of n^3 matmuls (2 n^3 FLOPs each) in ``precision`` (fp32 | bf16): n = 1024 on CPU, 4096 on GPU.
 
-    ``peak_flops`` is the best of ``repeats`` (on a shared machine other work only ever slows a matmul
-    down, so the fastest is the closest to what the hardware does); the median is reported beside it.
+    Why this shape of probe: a bf16 1024^3 matmul on AMX takes ~2 ms, so a probe of a few single calls
+    right after start measured kernel creation, clock ramp-up and any time slice lost to other processes:
+    it varied 3x between models in one bench run. Here: at least ``WARMUP_S`` of untimed matmuls of the
+    same shape, then ``repeats`` timed blocks of ``inner`` matmuls (enough for ``MIN_BLOCK_S`` each).
+    ``peak_flops`` is the best block (other work only ever slows a matmul down), ``peak_flops_median``
+    the median block; both in wall time. ``peak_flops_cpu`` is the median block in this process's CPU
+    time (``time.process_time``): a time slice lost to another process does not count there, so on a
+    shared machine it is the steadier figure, and the bench divides CPU-time throughput by it
+    (``mfu_cpu``). ``blocks_wall`` / ``blocks_cpu`` are every block's rate, for pooling across probes.
     fp32 on GPU is true fp32 unless the process enabled TF32 (``torch.backends.cuda.matmul``), as the
     model's own matmuls.
     """
     if precision not in PEAK_DTYPES:
         raise ValueError(f"matmul_peak: precision {precision!r} is not one of {', '.join(PEAK_DTYPES)}")
+    if repeats < 1:
+        raise ValueError(f"matmul_peak: repeats must be >= 1 (got {repeats})")
     dtype = PEAK_DTYPES[precision]
     n = n or (4096 if device.type == "cuda" else 1024)
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
-    for _ in range(2):
-        a @ b
-    sync(device)
-    rates = []
-    for _ in range(repeats):
+    calls, one, t0 = 0, math.inf, time.perf_counter()
+    while calls < 2 or time.perf_counter() - t0 < WARMUP_S:
         t = time.perf_counter()
         a @ b
         sync(device)
-        rates.append(2.0 * n**3 / (time.perf_counter() - t))
-    rates.sort()
-    return {"peak_flops": rates[-1], "peak_flops_median": rates[len(rates) // 2], "peak_n": n,
-            "peak_dtype": str(dtype).removeprefix("torch."),
+        one = min(one, time.perf_counter() - t)  # the fastest warm call: a lost time slice only adds
+        calls += 1
+    inner = max(1, min(64, math.ceil(MIN_BLOCK_S / max(one, 1e-9))))
+    wall, cpu = [], []
+    for _ in range(repeats):
+        t, c = time.perf_counter(), time.process_time()
+        for _ in range(inner):
+            a @ b
+        sync(device)
+        flops = 2.0 * n**3 * inner
+        wall.append(flops / max(time.perf_counter() - t, 1e-9))
+        cpu.append(flops / max(time.process_time() - c, 1e-9))
+    return {"peak_flops": max(wall), "peak_flops_median": statistics.median(wall),
+            "peak_flops_cpu": statistics.median(cpu), "blocks_wall": wall, "blocks_cpu": cpu,
+            "peak_n": n, "peak_inner": inner, "peak_dtype": str(dtype).removeprefix("torch."),
             "peak_threads": torch.get_num_threads() if device.type == "cpu" else 0}
+
+
+def pool_peaks(probes: list[dict]) -> dict[str, float | int]:
+    """One peak from several probes of the same shape and dtype (before, between and after timed windows).
+
+    Best wall block over all probes (``peak_flops``), median of all wall blocks (``peak_flops_median``),
+    median of all CPU-time blocks (``peak_flops_cpu``) and how many blocks that was (``peak_blocks``).
+    """
+    if not probes:
+        raise ValueError("pool_peaks: no probes")
+    wall = [r for p in probes for r in p["blocks_wall"]]
+    cpu = [r for p in probes for r in p["blocks_cpu"]]
+    return {"peak_flops": max(wall), "peak_flops_median": statistics.median(wall),
+            "peak_flops_cpu": statistics.median(cpu), "peak_blocks": len(wall)}
 
 
 def _status_kb(field: str) -> int | None:

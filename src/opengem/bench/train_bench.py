@@ -17,6 +17,8 @@ Conventions (reported in the output under ``conventions``):
   (``measured_fwd_flops_per_example``, ``mfu_measured_flops``);
 - the peak is the matmul peak of the precision the step runs in (bf16 under ``train.precision = "bf16"``),
   measured in the same process; ``peak_flops_fp32`` is measured beside it under bf16, for reference;
+- on a shared CPU, wall-clock rates include time slices lost to other processes; ``mfu_cpu`` divides
+  examples per CPU-second of the process by the matmul peak in CPU time, so that loss cancels out;
 - time to first step runs from the start of the Trainer's construction (process group, model build,
   sharding plan, optimizers) to the end of the first optimizer step, including reading the first batch.
 """
@@ -29,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from opengem.bench.machine import PeakMemory, load_average, matmul_peak, sync
+from opengem.bench.machine import PeakMemory, load_average, matmul_peak, pool_peaks, sync
 from opengem.errors import TrainError, UsageError
 from opengem.model.flops import executed_flops_per_example, measured_flops, model_flops
 from opengem.train.config import RunConfig
@@ -41,8 +43,11 @@ CONVENTIONS = {
     "flops_per_example": "3 x analytic forward FLOPs (fwd + bwd), lookups = 0, at each example's real "
                          "history length (mfu); flops_per_example_full: at max_len (mfu_full)",
     "examples_per_s": "median of timed windows after warm-up; batches pre-read and cycled (no data loading)",
-    "peak_flops": "best n^3 matmul (7 before, 3 after each window, 7 after) in the same process and threads, "
-                  "in the run's precision (fp32 or bf16; 1024^3 on CPU, 4096^3 on GPU)",
+    "peak_flops": "best timed block of n^3 matmuls (7 blocks before, 3 after each window, 7 after; each "
+                  "after a 0.25 s warm-up, blocks of >= 10 ms) in the same process and threads, in the run's "
+                  "precision (fp32 or bf16; 1024^3 on CPU, 4096^3 on GPU); peak_flops_median: median block",
+    "mfu_cpu": "examples per CPU-second of this process (median window) x flops_per_example / median "
+               "matmul block in CPU time: time slices lost to other processes cancel out (shared machines)",
     "peak_mem_mb": "CPU: peak RSS (VmHWM, reset via /proc/self/clear_refs) - RSS at start, one model per "
                    "process (freed heap is reused, so earlier work in the process lowers it); "
                    "GPU: max_memory_allocated",
@@ -75,7 +80,7 @@ def bench_train(cfg: RunConfig, run_dir: str | Path, data_dir: str | Path | None
         sync(device)
         ttfs = time.perf_counter() - t0
         precision = cfg.train.precision
-        peak = matmul_peak(device, peak_n, precision=precision)
+        probes = [matmul_peak(device, peak_n, precision=precision)]
 
         batches = [first]
         t_load = time.perf_counter()
@@ -89,23 +94,21 @@ def bench_train(cfg: RunConfig, run_dir: str | Path, data_dir: str | Path | None
         for i in range(warmup):
             trainer.train_step(batches[i % len(batches)])
         sync(device)
-        rates, k = [], warmup
+        rates, cpu_rates, k = [], [], warmup
         for _ in range(windows):
-            tw = time.perf_counter()
+            tw, cw = time.perf_counter(), time.process_time()
             for _ in range(steps):
                 trainer.train_step(batches[k % len(batches)])
                 k += 1
             sync(device)
             rates.append(steps * cfg.data.batch_size / (time.perf_counter() - tw))
+            cpu_rates.append(steps * cfg.data.batch_size / max(time.process_time() - cw, 1e-9))
             # sample the peak between windows too: on a shared machine the quiet moments are brief
-            between = matmul_peak(device, peak_n, repeats=3, precision=precision)
-            if between["peak_flops"] > peak["peak_flops"]:
-                peak = {**between, "peak_flops_median": peak["peak_flops_median"]}
+            probes.append(matmul_peak(device, peak_n, repeats=3, precision=precision))
         memory = mem.stop()
-        after = matmul_peak(device, peak_n, precision=precision)  # the best of before and after
-        if after["peak_flops"] > peak["peak_flops"]:
-            peak = after
-        fp32_peak = matmul_peak(device, peak_n)["peak_flops"] if precision != "fp32" else peak["peak_flops"]
+        probes.append(matmul_peak(device, peak_n, precision=precision))
+        peak = {**probes[0], **pool_peaks(probes)}
+        fp32_peak = (pool_peaks([matmul_peak(device, peak_n)]) if precision != "fp32" else peak)["peak_flops"]
         if not math.isfinite(trainer.last_loss):
             raise TrainError(f"bench: loss became {trainer.last_loss} (lower train.lr)")
         plain, model = trainer.parallel.plain, trainer.model
@@ -117,6 +120,7 @@ def bench_train(cfg: RunConfig, run_dir: str | Path, data_dir: str | Path | None
         ds = trainer.ds
 
     eps = statistics.median(rates)
+    eps_cpu = statistics.median(cpu_rates)
     fpe = 3 * executed_fwd
     achieved = eps * fpe
     return {
@@ -128,6 +132,9 @@ def bench_train(cfg: RunConfig, run_dir: str | Path, data_dir: str | Path | None
         "achieved_flops": achieved,
         "peak_flops": peak["peak_flops"],
         "peak_flops_fp32": fp32_peak,
+        "peak_flops_cpu": peak["peak_flops_cpu"],
+        "examples_per_cpu_s": eps_cpu,
+        "mfu_cpu": eps_cpu * fpe / peak["peak_flops_cpu"],
         "mfu": achieved / peak["peak_flops"],
         "mfu_full": eps * 3 * fwd / peak["peak_flops"],
         "peak_mem_mb": memory["peak_mem_mb"],
@@ -144,7 +151,8 @@ def bench_train(cfg: RunConfig, run_dir: str | Path, data_dir: str | Path | None
         "batch_size": cfg.data.batch_size, "steps": steps, "warmup": warmup, "windows": windows,
         "pool_batches": len(batches), "device": str(device),
         "threads": peak["peak_threads"] if device.type == "cpu" else None,
-        "peak_flops_median": peak["peak_flops_median"], "peak_n": peak["peak_n"],
+        "peak_flops_median": peak["peak_flops_median"], "peak_blocks": peak["peak_blocks"],
+        "peak_inner": peak["peak_inner"], "peak_n": peak["peak_n"],
         "peak_dtype": peak["peak_dtype"],
         "peak_mem_abs_mb": memory["peak_mem_abs_mb"], "peak_mem_method": memory["peak_mem_method"],
         "load_average": load_average(), "data": str(data_path), "conventions": CONVENTIONS,

@@ -20,11 +20,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from opengem.model.sequence import MultiHeadAttention, PooledAttention
 from opengem.model.wukong import CrossLayerAttention, WukongConfig, WukongLayer, layer_token_counts
 from opengem.ops.jagged import ensure_nonempty, gather_last, zero_padding
+from opengem.ops.kernel import Kernel
 
 
 @dataclass
@@ -87,20 +89,42 @@ class CrossArch(nn.Module):
         self.pma = PooledAttention(d, cfg.num_heads) if cfg.n_pma else None
         self.gate_s = Gate(d, cfg.gate)
         self.n_s = cfg.n_cls + cfg.n_pma + cfg.n_recent
+        self.kernel = Kernel.PYTORCH
 
     def forward(
         self, x: torch.Tensor, s: torch.Tensor, mask: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         cfg = self.cfg
         x_sum = self.compress(x)
-        parts = [s[:, : cfg.n_cls]]
+        fused = self.kernel is Kernel.FUSED and cfg.n_recent
+        # the reference builds its parts in its original order (slice, PMA, gather): autograd then sums the
+        # sequence's gradient in the same order as before, so the reference's numbers stay bit for bit
+        cls, recent = self._cls_and_recent(s, mask) if fused else (s[:, : cfg.n_cls], None)
+        parts = [cls]
         if self.pma is not None:
             # an add, not expand(): a no-grad view of a parameter breaks FlopCounterMode's module hooks
             seeds = s.new_zeros(s.shape[0], 1, 1) + self.seeds
             parts.append(self.pma(seeds, s, mask)[0])  # always valid: the CLS keys are real
         if cfg.n_recent:
-            parts.append(gather_last(s, mask.sum(1), cfg.n_recent)[0])
+            parts.append(recent if fused else gather_last(s, mask.sum(1), cfg.n_recent)[0])
         return x_sum, self.gate_s(torch.cat(parts, dim=1))
+
+    def _cls_and_recent(self, s: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The CLS tokens and the last ``n_recent`` real tokens in ONE gather.
+
+        The reference slices the CLS tokens and gathers the recent ones: in backward the slice fills a
+        zero gradient the size of the whole sequence and the gather fills another; one gather of both
+        index sets fills one. Same indices and zeroing as ``gather_last`` (the tests pin equality).
+        """
+        B, L, d = s.shape
+        n_cls, k = self.cfg.n_cls, self.cfg.n_recent
+        lengths = mask.sum(1)
+        ar = torch.arange(k, device=s.device)
+        recent_idx = ((lengths - k).clamp(min=0)[:, None] + ar[None, :]).clamp(max=L - 1)
+        idx = torch.cat([torch.arange(n_cls, device=s.device).expand(B, n_cls), recent_idx], dim=1)
+        picked = torch.gather(s, 1, idx.unsqueeze(-1).expand(B, n_cls + k, d))
+        real = (ar[None, :] < lengths.clamp(max=k)[:, None]).to(s.dtype)
+        return picked[:, :n_cls], picked[:, n_cls:] * real.unsqueeze(-1)
 
     def flops(self, ls: int) -> int:
         pma = self.pma.flops(self.cfg.n_pma, ls) if self.pma is not None else 0
@@ -196,8 +220,7 @@ class InterFormer(nn.Module):
         seq, mask = ensure_nonempty(zero_padding(seq, mask), mask)
         cls = self.prepend(x)
         s = torch.cat([cls, seq], dim=1)
-        ones = torch.ones(mask.shape[0], self.cfg.n_cls, dtype=torch.bool, device=mask.device)
-        m = torch.cat([ones, mask], dim=1)
+        m = F.pad(mask, (self.cfg.n_cls, 0), value=True)  # the CLS keys are always real
         memory = [x]
         for layer in self.layers:
             x, s = layer(x, s, m, memory)

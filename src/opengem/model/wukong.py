@@ -21,6 +21,8 @@ import torch
 from torch import nn
 
 from opengem.model.sequence import MultiHeadAttention
+from opengem.ops import fmb as fmb_ops
+from opengem.ops.kernel import Kernel
 
 
 @dataclass
@@ -92,23 +94,30 @@ class WukongLayer(nn.Module):
         self.W_L = nn.Parameter(torch.randn(n_lin, n_in) / n_in**0.5)
         self.W_R = nn.Parameter(torch.randn(self.n_out, n_in) / n_in**0.5) if self.n_out != n_in else None
         self.ln = nn.LayerNorm(d)
+        self.dropout = cfg.dropout
+        self.kernel = Kernel.PYTORCH  # the ops kernel (opengem.ops.fmb); GEM sets it via use_kernel
+
+    def _y(self, x: torch.Tensor) -> torch.Tensor:
+        if self.y_mlp is None:
+            return self.Y
+        return self.y_mlp(x.flatten(1)).view(-1, self.n_in, self.k)
 
     def fm(self, x: torch.Tensor) -> torch.Tensor:
         """X · (Xᵀ Y): [B, n, k], the optimized factorization machine."""
-        if self.y_mlp is not None:
-            y = self.y_mlp(x.flatten(1)).view(-1, self.n_in, self.k)
-            return torch.bmm(x, torch.bmm(x.transpose(1, 2), y))
-        xty = torch.einsum("bnd,nk->bdk", x, self.Y)
-        return torch.bmm(x, xty)
+        return fmb_ops.fm_product(x, self._y(x), kernel=self.kernel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[1] != self.n_in:
             raise ValueError(f"wukong layer: expected {self.n_in} tokens, got {x.shape[1]}")
         B = x.shape[0]
-        fmb = self.mlp(self.fm_ln(self.fm(x).flatten(1))).view(B, self.n_fm, self.d)
-        lcb = torch.einsum("ln,bnd->bld", self.W_L, x)
-        res = x if self.W_R is None else torch.einsum("mn,bnd->bmd", self.W_R, x)
-        return self.ln(torch.cat([fmb, lcb], dim=1) + res)
+        if self.training and self.dropout > 0:  # the ops have no dropout: run the MLP module itself
+            fmb = self.mlp(self.fm_ln(self.fm(x).flatten(1)))
+        else:
+            linears = [m for m in self.mlp if isinstance(m, nn.Linear)]
+            fmb = fmb_ops.fmb(x, self._y(x), self.fm_ln.weight, self.fm_ln.bias, [m.weight for m in linears],
+                              [m.bias for m in linears], self.fm_ln.eps, kernel=self.kernel)
+        return fmb_ops.combine(fmb.view(B, self.n_fm, self.d), x, self.W_L, self.W_R, self.ln.weight,
+                               self.ln.bias, self.ln.eps, kernel=self.kernel)
 
     def flops(self) -> int:
         n, d, k = self.n_in, self.d, self.k
@@ -127,9 +136,14 @@ class CrossLayerAttention(nn.Module):
         super().__init__()
         self.ln_q, self.ln_kv = nn.LayerNorm(d), nn.LayerNorm(d)
         self.attn = MultiHeadAttention(d, num_heads)
+        self.kernel = Kernel.PYTORCH
 
     def forward(self, x: torch.Tensor, memory: list[torch.Tensor]) -> torch.Tensor:
-        mem = self.ln_kv(torch.cat(memory, dim=1))
+        # fused: the first layer's memory is the input tokens alone, read as they are (the reference copies
+        # them through a one-element cat, forward and backward). K/V of earlier layers cannot be kept
+        # running across layers: every layer has its own ln_kv and kv weights, so each reads memory afresh.
+        one = self.kernel is Kernel.FUSED and len(memory) == 1
+        mem = self.ln_kv(memory[0] if one else torch.cat(memory, dim=1))
         return x + self.attn(self.ln_q(x), mem)
 
     def flops(self, n: int, m: int) -> int:

@@ -1,0 +1,133 @@
+"""Fused Wukong FMB and layer combine against the reference, forward and backward.
+
+Shapes: GEM-small's own (24 tokens, rank 8, MLP 192 -> 512 -> 256 -> 256), a shared and a per-example
+(input-attentive) Y, an identity residual and a W_R one, no LCB tokens (nL = 0), batch 1, an empty batch,
+and examples whose tokens are all zero (the "empty row" of a token batch: LN's variance is 0 there).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from opengem.model.sequence import use_kernel
+from opengem.model.wukong import WukongConfig, WukongLayer
+from opengem.ops import fmb as fmb_ops
+
+ATOL, RTOL = 2e-5, 1e-4
+
+
+def _rand(*shape: int, seed: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def _run(fn, inputs: list, seed: int = 7) -> tuple[torch.Tensor, list]:  # noqa: ANN001
+    leaves = [None if x is None else x.detach().clone().requires_grad_(True) for x in inputs]
+    out = fn(*leaves)
+    (out * _rand(*out.shape, seed=seed)).sum().backward()
+    return out.detach(), [None if x is None else x.grad for x in leaves]
+
+
+def _same(ref: tuple, fused: tuple) -> None:
+    (o_ref, g_ref), (o_fused, g_fused) = ref, fused
+    assert o_ref.shape == o_fused.shape
+    torch.testing.assert_close(o_fused, o_ref, atol=ATOL, rtol=RTOL)
+    for a, b in zip(g_ref, g_fused):
+        assert (a is None) == (b is None)
+        if a is not None:
+            torch.testing.assert_close(b, a, atol=ATOL, rtol=RTOL)
+
+
+def _tokens(B: int, n: int, d: int, zero_rows: tuple[int, ...] = ()) -> torch.Tensor:
+    x = _rand(B, n, d, seed=B * 100 + n)
+    for r in zero_rows:
+        x[r] = 0.0
+    return x
+
+
+# (B, n, d, k, mlp dims after the input, zero rows, per-example y)
+FMB_CASES = [
+    (6, 24, 32, 8, [512, 256, 256], (1, 4), False),  # GEM-small's FMB, two all-zero examples
+    (5, 7, 4, 3, [16, 12], (0,), True),  # input-attentive Y [B, n, k]
+    (1, 5, 8, 2, [10], (), False),  # batch 1, one MLP layer
+    (0, 5, 8, 2, [16, 10], (), False),  # an empty batch
+]
+
+
+@pytest.mark.parametrize("B,n,d,k,dims,zero_rows,per_example", FMB_CASES)
+def test_fused_fmb_matches_reference_forward_and_backward(B, n, d, k, dims, zero_rows, per_example):
+    x = _tokens(B, n, d, zero_rows)
+    y = _rand(B, n, k, seed=3) if per_example else _rand(n, k, seed=3)
+    widths = [n * k, *dims]
+    ws = [_rand(o, i, seed=10 + j) / i**0.5 for j, (i, o) in enumerate(zip(widths[:-1], widths[1:]))]
+    bs = [_rand(o, seed=20 + j) for j, o in enumerate(widths[1:])]
+    ln_w, ln_b = 1 + 0.1 * _rand(n * k, seed=4), 0.1 * _rand(n * k, seed=5)
+    L = len(ws)
+
+    def call(kernel: str):  # noqa: ANN202
+        return lambda x, y, lw, lb, *wb: fmb_ops.fmb(x, y, lw, lb, list(wb[:L]), list(wb[L:]), kernel=kernel)
+
+    inputs = [x, y, ln_w, ln_b, *ws, *bs]
+    _same(_run(call("pytorch"), inputs), _run(call("fused"), inputs))
+
+
+@pytest.mark.parametrize("B,n,d,n_fm,n_lin,residual_map,zero_rows", [
+    (6, 24, 32, 8, 8, True, (2,)),  # GEM-small: 24 tokens in, 16 out (W_R)
+    (4, 16, 32, 8, 8, False, (0, 3)),  # identity residual (n = nF + nL)
+    (3, 6, 4, 6, 0, False, ()),  # no LCB tokens
+    (1, 9, 4, 3, 2, True, ()),  # batch 1
+    (0, 9, 4, 3, 2, True, ()),  # an empty batch
+])
+def test_fused_combine_matches_reference_forward_and_backward(B, n, d, n_fm, n_lin, residual_map, zero_rows):
+    x = _tokens(B, n, d, zero_rows)
+    f = _rand(B, n_fm, d, seed=6)
+    w_lin = _rand(n_lin, n, seed=7)
+    w_res = _rand(n_fm + n_lin, n, seed=8) if residual_map else None
+    ln_w, ln_b = 1 + 0.1 * _rand(d, seed=9), 0.1 * _rand(d, seed=10)
+
+    def call(kernel: str):  # noqa: ANN202
+        return lambda f, x, wl, wr, lw, lb: fmb_ops.combine(f, x, wl, wr, lw, lb, kernel=kernel)
+
+    inputs = [f, x, w_lin, w_res, ln_w, ln_b]
+    _same(_run(call("pytorch"), inputs), _run(call("fused"), inputs))
+
+
+def test_combine_rejects_identity_residual_of_the_wrong_size():
+    with pytest.raises(ValueError, match="identity residual"):
+        fmb_ops.combine(torch.zeros(2, 3, 4), torch.zeros(2, 5, 4), torch.zeros(1, 5), None,
+                        torch.ones(4), torch.zeros(4), kernel="fused")
+
+
+def test_fmb_rejects_unknown_kernel_and_mismatched_layers():
+    x, y = torch.zeros(2, 3, 4), torch.zeros(3, 2)
+    w, b = [torch.zeros(5, 6)], [torch.zeros(5)]
+    with pytest.raises(ValueError, match="kernel 'triton' is not one of"):
+        fmb_ops.fmb(x, y, torch.ones(6), torch.zeros(6), w, b, kernel="triton")
+    with pytest.raises(ValueError, match="one bias per MLP weight"):
+        fmb_ops.fmb(x, y, torch.ones(6), torch.zeros(6), w, [], kernel="fused")
+
+
+@pytest.mark.parametrize("attentive", [False, True])
+def test_wukong_layer_same_numbers_under_both_kernels(attentive):
+    """One layer, the same weights: the reference and the fused path agree on outputs and every grad."""
+    torch.manual_seed(0)
+    cfg = WukongConfig(n_fm=4, n_lin=3, k=3, mlp_dims=[16], input_attentive_y=attentive, y_hidden=8)
+    layer = WukongLayer(9, 8, 4, 3, cfg)
+    x = _tokens(5, 9, 8, zero_rows=(2,))
+    results = []
+    for kernel in ("pytorch", "fused"):
+        use_kernel(layer, kernel)
+        layer.zero_grad()
+        out, (gx,) = _run(layer, [x])
+        results.append((out, [gx, *(p.grad.clone() for p in layer.parameters())]))
+    _same(*results)
+
+
+def test_fused_wukong_layer_compiles_as_one_graph():
+    """The fused path has no host sync or data-dependent shape: torch.compile(fullgraph=True) takes a whole
+    Wukong layer (the per-layer compiled region of issue 13)."""
+    torch.manual_seed(0)
+    layer = use_kernel(WukongLayer(9, 8, 4, 3, WukongConfig(n_fm=4, n_lin=3, k=3, mlp_dims=[16])), "fused")
+    x = _tokens(5, 9, 8)
+    compiled = torch.compile(layer, fullgraph=True, dynamic=False, backend="eager")
+    torch.testing.assert_close(compiled(x), layer(x))
