@@ -212,6 +212,21 @@ def test_shuffle_window_is_deterministic(schema, files):
     assert content(ParquetLoader(files, schema, 16, seed=2, **kw)) != a0
 
 
+def test_shuffle_window_order_does_not_depend_on_where_the_data_lies(schema, files, tmp_path):
+    """A fresh clone or another --out puts the same dataset elsewhere: the mixed order (and so every trained
+    number) must be the same."""
+    import shutil
+
+    moved = []
+    for f in files:
+        dst = tmp_path / "elsewhere" / f.parent.name / f.name
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(f, dst)
+        moved.append(dst)
+    kw = dict(read_rows=10, shuffle_units=True, shuffle_window=3, seed=1)
+    assert content(ParquetLoader(moved, schema, 16, **kw)) == content(ParquetLoader(files, schema, 16, **kw))
+
+
 @pytest.mark.parametrize("workers, stops", [(0, [1, 5, None]), (0, [3, 0, 4, None]), (2, [2, 4, None]),
                                             (2, [6, None])])
 @pytest.mark.parametrize("batch_size, read_rows", [(16, 8192), (7, 10)])

@@ -29,7 +29,8 @@ Row mixing (``shuffle_window`` W >= 2). A row group is a contiguous slice of tim
 after another makes consecutive batches correlated. With W >= 2 each stream (one rank's, one worker's
 units after the dealing above) is cut into consecutive windows of W units, and the rows of a window are
 interleaved: the sequence of unit labels, each unit repeated ``num_rows`` times, is permuted by
-``np.random.default_rng([seed, epoch, crc32(the window's unit keys)])`` and position i of the window
+``np.random.default_rng([seed, epoch, crc32(the window's unit keys)])`` (keys naming each file by its
+partition folder and file name only, so the order does not depend on where the dataset lies) and position i of the window
 takes the next row of unit ``labels[i]``, in file order. Each unit is still read lazily in pieces of
 ``read_rows`` (memory: about W pieces plus a batch), bad rows are dropped after checking as before, and
 an offset still counts the rows read from its unit, so "rows 0..k of unit u" stays valid: after any
@@ -216,8 +217,16 @@ def _window_labels(units: list[Unit], seed: int, epoch: int) -> np.ndarray:
     """The window's interleaving: unit index of each position, each unit ``num_rows`` times."""
     labels = np.repeat(np.arange(len(units), dtype=np.int8 if len(units) < 128 else np.int32),
                        [u.num_rows for u in units])
-    key = zlib.crc32("\n".join(u.key for u in units).encode())
+    key = zlib.crc32("\n".join(_mixing_key(u) for u in units).encode())
     return np.random.default_rng([seed, epoch, key]).permutation(labels)
+
+
+def _mixing_key(u: Unit) -> str:
+    """The unit's key with its file named by partition folder and file name only: the interleaving (and so
+    every trained number) must not depend on where the dataset lies (a fresh clone, another --out)."""
+    p = Path(u.info.path)
+    base = f"{p.parent.name}/{p.name}#{u.rg}"
+    return base if u.begin == 0 else f"{base}@{u.begin}"
 
 
 def _window_start(units: list[Unit], offsets: list[int], labels: np.ndarray) -> tuple[int, int | None]:
