@@ -307,3 +307,21 @@ def test_a_published_version_loads_and_exports_with_its_manifest(run_dir, tmp_pa
     assert main(["export", f"{online}@v0003", "--out", str(tmp_path / "a"), "--backend", "eager"]) == 0
     art = read_artifact(tmp_path / "a")
     assert (art.version, art.trained_through_ts) == ("v0003", 77)
+
+
+def test_a_corrupt_manifest_of_another_version_does_not_block_this_one(run_dir, tmp_path):
+    """Hot swap loads one version at a time: v0002's damaged manifest refuses v0002 alone (naming its
+    manifest), and v0003 still loads and exports."""
+    online = tmp_path / "online"
+    for n in (2, 3):
+        shutil.copytree(run_dir / "checkpoints" / "final", online / "versions" / f"v{n:04d}")
+    shutil.copy(run_dir / "config.toml", online / "config.toml")
+    bad = online / "versions" / "v0002" / "manifest.json"
+    bad.write_text("{not json")
+    (online / "versions" / "v0003" / "manifest.json").write_text(
+        json.dumps({"version": 3, "trained_through_ts": 77}))
+    p = Predictor.load(online / "versions" / "v0003")
+    assert (p.version, p.trained_through_ts) == ("v0003", 77)
+    with pytest.raises(ArtifactError, match="unreadable manifest") as e:
+        Predictor.load(online / "versions" / "v0002")
+    assert str(bad) in str(e.value) and "\n" not in str(e.value)

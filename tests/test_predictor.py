@@ -11,6 +11,7 @@ import tomllib
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -264,3 +265,84 @@ def test_random_garbage_never_raises_anything_but_bad_request(fm, tmp_path):
             assert "\n" not in str(e)
             outcomes["bad"] += 1
     assert outcomes["bad"] > 200  # the junk was mostly refused, one line each
+
+
+def _same_batch(a, b) -> None:
+    assert torch.equal(a.dense, b.dense) and torch.equal(a.surface, b.surface)
+    sa, sb = a.sparse.to_dict(), b.sparse.to_dict()
+    assert sa.keys() == sb.keys()
+    for k in sa:
+        assert torch.equal(sa[k].values(), sb[k].values()) and torch.equal(sa[k].lengths(), sb[k].lengths())
+    for g in a.sequences:
+        assert torch.equal(a.sequences[g].offsets, b.sequences[g].offsets)
+        for f in a.sequences[g].ids:
+            assert torch.equal(a.sequences[g].ids[f], b.sequences[g].ids[f])
+
+
+@pytest.mark.parametrize("which", ["fm", "vm"])
+def test_json_fast_path_slow_path_and_arrow_table_give_the_same_batch(which, fm, vm, tmp_path):
+    """The vectorised JSON path, the per-value path (numpy scalars and tuples force it) and an Arrow
+    table of candidates (no dict per candidate) make the same model input, and the one the loader
+    makes from the same rows."""
+    from opengem.serve import arrow_io
+
+    p, path = {"fm": fm, "vm": vm}[which]
+    rows, f = rows_of_one_surface(path, p.schema, 9, tmp_path)
+    req = request_of(rows, p.schema)
+    fast, counts = p.encode([req])
+    slow_req = copy.deepcopy(req)
+    for c in slow_req["candidates"]:
+        for k, v in c.items():
+            c[k] = tuple(v) if isinstance(v, list) else (np.int64(v) if isinstance(v, int) else v)
+    slow, _ = p.encode([slow_req])
+    table_req = arrow_io.decode_request(arrow_io.encode_request(req), tables=True)
+    assert isinstance(table_req["candidates"], pa.Table)
+    table, _ = p.encode([table_req])
+    loader = next(iter(ParquetLoader([f], p.schema, 9, drop_last=False)))
+    for other in (slow, table, loader):
+        _same_batch(fast, other)
+    assert counts == [9]
+
+
+def test_arrow_table_candidates_refuse_in_one_line_naming_the_feature(vm, tmp_path):
+    p, path = vm
+    rows, _ = rows_of_one_surface(path, p.schema, 3, tmp_path)
+    base = pa.Table.from_pylist(request_of(rows, p.schema)["candidates"])
+
+    def refused(table: pa.Table, context: dict | None = None) -> str:
+        with pytest.raises(BadRequest) as e:
+            p.score({"surface": 0, "context": context or {}, "candidates": table})
+        assert "\n" not in str(e.value)
+        return str(e.value)
+
+    i = base.schema.get_field_index("ad_id")
+    as_float = base.set_column(i, "ad_id", pa.array([1.5, 2.0, 3.0]))
+    assert "'ad_id'" in refused(as_float) and "wrong type double" in refused(as_float)
+    as_text = base.set_column(i, "ad_id", pa.array(["a", "b", "c"]))
+    assert "'ad_id'" in refused(as_text)
+    holed = base.set_column(i, "ad_id", pa.array([1, None, 3], pa.int64()))
+    assert refused(holed).startswith("candidate 1: missing feature 'ad_id'")
+    assert "unknown feature 'shoe'" in refused(base.append_column("shoe", pa.array([1, 2, 3])))
+    assert "give it once" in refused(base, {"ad_id": 4})
+    assert "missing feature 'bid'" in refused(base.drop_columns(["bid"]))
+    # in a batch: an Arrow table of other (castable) types merges with a JSON request; a bad one is named
+    json_req = request_of(rows, p.schema)
+    int32 = {"surface": 0, "candidates": base.set_column(i, "ad_id", base.column("ad_id").cast(pa.int32()))}
+    a, b = (r["scores"][p.tasks[0]] for r in p.score_many([int32, json_req]))
+    assert np.allclose(a, b, atol=1e-6)
+    with pytest.raises(BadRequest, match=r"^request 1: feature 'ad_id'"):
+        p.score_many([json_req, {"surface": 0, "candidates": as_float}])
+
+
+def test_a_bad_row_in_a_batch_is_named_by_request_and_candidate(fm, tmp_path):
+    """The loader's row checks run once over the whole batch; a refusal still names the request and the
+    candidate it came from."""
+    p, path = fm
+    rows, _ = rows_of_one_surface(path, p.schema, 3, tmp_path)
+    good = _valid(p, rows)
+    bad = _set(good, "user_id", 10 ** 9)  # beyond the vocabulary: the fm schema's policy is error
+    with pytest.raises(BadRequest, match=r"^request 1: candidate 1: feature 'user_id'"):
+        p.score_many([good, bad, good])
+    with pytest.raises(BadRequest, match=r"^candidate 1: feature 'user_id'"):
+        p.score(bad)
+    assert [len(r["scores"][p.tasks[0]]) for r in p.score_many([good, good])] == [3, 3]

@@ -4,6 +4,7 @@ swaps in every version with zero errors, and the JSON renders as a table and in 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -72,6 +73,12 @@ def test_table_and_report_section(bench_result, tmp_path: Path) -> None:  # type
     (run / "serve_bench.json").write_text(json.dumps(bench_result))
     html = build_report([run])
     assert "Serving latency" in html and "p99 ms" in html and "2 versions published" in html
+    pin = bench_result["pinning"]
+    if len(os.sched_getaffinity(0)) >= 2:  # the server on one CPU, the clients on the others
+        assert pin["server_cpus"] == sorted(os.sched_getaffinity(0))[:1] and pin["client_cpus"]
+        assert f"server on CPU {pin['server_cpus'][0]}" in table and "server on CPU" in html
+    else:
+        assert pin is None and "not pinned" in table
 
 
 def test_requests_are_cycled_to_the_asked_size() -> None:

@@ -79,6 +79,7 @@ def test_sigterm_finishes_the_request_in_flight_and_exits_0() -> None:
     (["--model", ".", "--port", "70000"], "--port: must be in 0..65535"),
     (["--model", ".", "--max-candidates", "0"], "--max-candidates: must be >= 1"),
     (["--model", ".", "--max-wait-us", "-5"], "--max-wait-us: must be >= 0"),
+    (["--model", ".", "--cpus", "0-x"], "--cpus: a list such as 0 or 0,2 or 1-3"),
 ])
 def test_serve_cli_refuses_bad_settings_in_one_line(capsys, args: list[str], message: str) -> None:  # type: ignore[no-untyped-def]
     rc, err = run_cli(capsys, ["serve", *args])

@@ -161,6 +161,13 @@ def test_metrics_are_prometheus_text(served) -> None:  # type: ignore[no-untyped
     assert "opengem_request_latency_seconds_bucket{le=\"0.005\"}" in text
     assert 'opengem_model_info{trained_through_ts="1000",version="v7"} 1.0' in text
     assert "opengem_batches_total" in text and "opengem_requests_in_flight 0.0" in text
+    stages = {ln.split('"')[1]: float(ln.split()[-1]) for ln in text.splitlines()
+              if ln.startswith("opengem_request_stage_seconds_count{")}
+    assert set(stages) == {"read", "decode", "queue", "score", "reply"} and min(stages.values()) >= 1
+    score = [ln for ln in text.splitlines()
+             if ln.startswith('opengem_request_stage_seconds_sum{stage="score"}')]
+    assert float(score[0].split()[-1]) >= 0.002  # the fake model sleeps 2 ms per batch
+    assert "opengem_gc_pause_seconds" in text
 
 
 def test_server_answers_healthz_while_the_model_computes() -> None:
@@ -185,14 +192,15 @@ def test_server_answers_healthz_while_the_model_computes() -> None:
 
 def test_responses_are_not_held_back_by_nagle(served) -> None:  # type: ignore[no-untyped-def]
     """The listening socket says it is TCP, so asyncio sets TCP_NODELAY on every connection: without it
-    each response's body waited for the client's delayed ACK, ~40 ms per request on Linux."""
+    each response's body waited for the client's delayed ACK, ~40 ms per request on Linux. (uvloop sets
+    TCP_NODELAY on every TCP connection itself, and hands out sockets whose ``proto`` reads 0.)"""
     import http.client
     import socket
     import time
 
     server, _, port = served
     (listening,) = [s for srv in server._uvicorn.servers for s in srv.sockets]
-    assert listening.proto == socket.IPPROTO_TCP
+    assert server.loop == "uvloop" or listening.proto == socket.IPPROTO_TCP
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     times = []
     for _ in range(15):

@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from opengem.bench import serve_bench
 from opengem.cli import main as cli_main
 from opengem.data.adapters.common import AdapterError
 from opengem.data.adapters.encoders_io import ENCODERS_FILE, VOCAB_DIR, read_encoders
@@ -114,3 +115,18 @@ def test_a_changed_vocabulary_file_is_refused(pipeline, tmp_path):
         read_encoders(bad_data)
     with pytest.raises(ArtifactError, match="sha256"):
         dataset_encoding(bad_data)  # what opengem export reads: refused, never served wrong
+
+
+def test_bench_serve_sends_raw_source_rows_to_an_artifact_of_converted_data(pipeline):
+    """``opengem bench serve --data`` against such an artifact reads the dataset's source rows (raw
+    values), not its canonical Parquet: scored through the Predictor they equal ``opengem predict``."""
+    rows, data, art, preds, _ = pipeline
+    assert serve_bench.takes_raw_values(art, str(data))
+    pool, surfaces, context = serve_bench.candidate_pool(str(data), None, limit=ROWS, raw=True)
+    assert len(pool) == ROWS and context == {} and set(pool[0]) == {"user", "ad", "site", "zip", "price"}
+    ids = preds["example_id"].to_pylist()
+    req = {"surface": surfaces[0], "candidates": [pool[i] for i in ids]}
+    got = np.asarray(Predictor.load(art).score(req)["scores"]["click"])
+    assert np.abs(got - preds["click"].to_numpy()).max() <= 1e-6
+    canonical, _, _ = serve_bench.candidate_pool(str(data), None, limit=8)  # what it sent before
+    assert set(canonical[0]) != set(pool[0])

@@ -34,8 +34,12 @@ def serve_section(run_paths: list[tuple[str, Path]]) -> str | None:
 
 
 def _one(name: str, r: dict[str, Any]) -> str:
+    pin = r.get("pinning")
+    pins = (f"server on CPU {','.join(map(str, pin['server_cpus']))}, clients on "
+            f"{','.join(map(str, pin['client_cpus']))}" if pin else "server and clients not pinned")
     out = [f"<h3>{H.esc(name)}</h3>",
-           f'<p class="muted">loopback, model {H.esc(r.get("model"))} ({H.esc(r.get("served_version"))}), '
+           f'<p class="muted">loopback, {H.esc(r.get("body_format", "json"))} bodies, model '
+           f'{H.esc(r.get("model"))} ({H.esc(r.get("served_version"))}), {H.esc(pins)}, '
            f"server threads {H.esc(r.get('server_threads'))}, at most {H.esc(r.get('max_requests'))} "
            f"requests or {H.esc(r.get('duration_s'))} s per cell; load average "
            f"{H.esc(r.get('load_average_before'))} -> {H.esc(r.get('load_average_after'))}</p>"]

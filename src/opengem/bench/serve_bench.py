@@ -35,13 +35,19 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from opengem.bench.machine import load_average
+from opengem.data.adapters.common import AdapterError
+from opengem.data.adapters.encoders_io import ENCODERS_FILE, read_encoders
 from opengem.data.dataset import Dataset
 from opengem.errors import UsageError
 from opengem.serve import arrow_io
+from opengem.serve.artifact import ENCODING
 from opengem.serve.hot_swap import MANIFEST, VERSIONS, published_versions
+from opengem.serve.runtime import available_cpus, split_cpus
+from opengem.serve.table_codec import TABLE, encoders_from_json, raw_columns
 
 WARMUP_PER_CLIENT = 3
 
@@ -65,9 +71,11 @@ class CellResult:
 
 
 # --------------------------------------------------------------------------- requests
-def candidate_pool(data: str | None, requests_file: str | None, limit: int = 4096
+def candidate_pool(data: str | None, requests_file: str | None, limit: int = 4096, raw: bool = False
                    ) -> tuple[list[dict[str, Any]], list[Any], dict[str, Any]]:
-    """(candidate rows, surfaces, context) to build requests from."""
+    """(candidate rows, surfaces, context) to build requests from. ``raw``: the model takes raw source
+    values (an artifact of data made by ``opengem convert table``): the rows are read from the
+    dataset's source files, not its canonical Parquet (see :func:`_rows_from_sources`)."""
     if requests_file:
         reqs = json.loads(Path(requests_file).read_text())
         reqs = reqs if isinstance(reqs, list) else [reqs]
@@ -75,6 +83,8 @@ def candidate_pool(data: str | None, requests_file: str | None, limit: int = 409
         if not cands:
             raise UsageError(f"--requests-file {requests_file}: no candidates in it")
         return cands[:limit], [r.get("surface", 0) for r in reqs], reqs[0].get("context", {})
+    if data and raw:
+        return _rows_from_sources(Path(data), limit)
     if data:
         return _rows_from_data(Path(data), limit)
     raise UsageError("give --data DIR (a dataset the model reads) or --requests-file FILE.json")
@@ -94,6 +104,100 @@ def _rows_from_data(data: Path, limit: int) -> tuple[list[dict[str, Any]], list[
     if not rows:
         raise UsageError(f"--data {data}: no rows")
     return rows, surfaces, {}
+
+
+def takes_raw_values(model: Path, data: str | None) -> bool:
+    """Whether ``model`` scores raw source values: an export folder whose ``encoding.json`` is of kind
+    ``table``, or a run whose dataset holds the importer's encoders (``Predictor.load(RUN)`` reads them)."""
+    encoding = model / ENCODING
+    if encoding.is_file():
+        try:
+            return json.loads(encoding.read_text()).get("kind") == TABLE
+        except (OSError, ValueError, AttributeError):
+            return False
+    return bool(data) and (Path(data) / ENCODERS_FILE).is_file()
+
+
+def _rows_from_sources(data: Path, limit: int) -> tuple[list[dict[str, Any]], list[Any], dict[str, Any]]:
+    """Raw candidate rows of a converted dataset: the first rows of the source files its summary.json
+    names, as the client of a served model would send them: categorical values as the source holds them,
+    numbers as floats, an empty number as null. The Predictor encodes them itself (the importer's
+    encoders), so the served rows are the converted ones; CSV/TSV are read as text."""
+    try:
+        summary = json.loads((data / "summary.json").read_text())
+        files = [Path(f) for fs in summary["sources"].values() for f in fs]
+        record = read_encoders(data)  # digests checked
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, AdapterError) as e:
+        raise UsageError(f"--data {data}: cannot read its sources and encoders ({e})") from None
+    if record is None:
+        raise UsageError(f"--data {data}: holds no encoders.json (not made by opengem convert table)")
+    enc = encoders_from_json(record)
+    kinds = raw_columns(enc)
+    text = set(record.get("text_columns") or ())
+    surface_col = enc.spec.surface
+    table = _read_source_head(files, limit, [*kinds, *([surface_col] if surface_col else [])])
+    if table is None:
+        raise UsageError(f"--data {data}: its sources ({', '.join(map(str, files[:3]))}) are gone or "
+                         "unreadable; give --requests-file with raw request objects instead")
+    cols = {name: table.column(name).to_pylist() for name in kinds}
+    rows: list[dict[str, Any]] = []
+    for i in range(table.num_rows):
+        row = {}
+        for name, kind in kinds.items():
+            v = cols[name][i]
+            if kind == "num":
+                row[name] = None if v in (None, "") else float(v)
+            elif kind == "cat":
+                row[name] = _raw_cat(v, name in text, enc.vocabs.get(name))
+            else:
+                row[name] = [_raw_cat(x, name in text, enc.vocabs.get(name)) for x in _raw_list(v, name)]
+        rows.append(row)
+    surfaces = (table.column(surface_col).to_pylist() if surface_col else [enc.surfaces[0] if enc.surfaces
+                                                                            else 0])
+    return rows, [str(x) for x in surfaces] if surface_col else surfaces, {}
+
+
+def _read_source_head(files: list[Path], limit: int, columns: list[str]) -> Any:
+    """The first ``limit`` rows of the first readable source file (Parquet typed, CSV/TSV as text)."""
+    import pyarrow.csv as pcsv
+
+    for f in files:
+        if not f.is_file():
+            continue
+        name = f.name.lower()
+        try:
+            if name.endswith(".parquet"):
+                t = pq.ParquetFile(f).read_row_group(0, columns=columns)
+            else:
+                delim = "\t" if ".tsv" in name else ","
+                t = pcsv.read_csv(f, parse_options=pcsv.ParseOptions(delimiter=delim),
+                                  convert_options=pcsv.ConvertOptions(
+                                      include_columns=columns, strings_can_be_null=False,
+                                      column_types={c: pa.string() for c in columns}))
+        except (OSError, pa.ArrowException, KeyError):
+            continue
+        return t.slice(0, limit)
+    return None
+
+
+def _raw_cat(v: Any, as_text: bool, vocab: Any) -> Any:
+    """A categorical source value as a client sends it: text for a column the source held as text (or a
+    string vocabulary), else the raw int."""
+    if v is None or v == "":
+        return ""
+    if as_text or vocab is None or vocab.values is None or pa.types.is_string(vocab.values.type):
+        return str(v)
+    return int(v)
+
+
+def _raw_list(v: Any, name: str) -> list[Any]:
+    """A multi-valued source cell (a Parquet list; the importer reads no lists from CSV text)."""
+    if v is None:
+        return []
+    if not isinstance(v, list):
+        raise UsageError(f"--data: source column {name!r} is multi-valued but not a list "
+                         f"({type(v).__name__})")
+    return v
 
 
 def make_request(pool: list[dict[str, Any]], surfaces: list[Any], context: dict[str, Any], n: int,
@@ -338,11 +442,37 @@ def run_serve_bench(model: Path, backends: list[str], candidates: list[int], cli
                     swap: SwapPlan | None = None, server_args: list[str] | None = None,
                     threads: int | None = 1,
                     server_cmd: Callable[[Path, str, list[str]], list[str]] = serve_command,
-                    body_format: str = "json") -> dict[str, Any]:
-    """Every (backend, candidates, clients) cell against ``model``, then the swap phase of ``swap``."""
+                    body_format: str = "json", pin: bool = True) -> dict[str, Any]:
+    """Every (backend, candidates, clients) cell against ``model``, then the swap phase of ``swap``.
+
+    ``pin`` (with two or more CPUs): each server runs on one CPU (``opengem serve --cpus``) and this
+    process, whose threads are the clients, on the others, so that the load generator never takes the
+    server's core (they shared both cores before, and the server's latency included the clients' work)."""
     rows, surfaces, context = pool
     most = max(candidates + [swap.candidates if swap else 1])
     extra = ["--max-candidates", str(most), *(server_args or [])]
+    before = available_cpus()
+    split = split_cpus(before) if pin else None
+    if split is not None:
+        extra += ["--cpus", ",".join(map(str, split[0]))]
+    try:
+        if split is not None:
+            os.sched_setaffinity(0, split[1])
+        result = _run_grid(model, backends, candidates, clients, max_requests, duration_s, pool, swap, extra,
+                           threads, server_cmd, body_format)
+    finally:
+        if split is not None:
+            os.sched_setaffinity(0, before)
+    result["pinning"] = ({"server_cpus": split[0], "client_cpus": split[1]} if split is not None
+                         else None)
+    return result
+
+
+def _run_grid(model: Path, backends: list[str], candidates: list[int], clients: list[int], max_requests: int,
+              duration_s: float, pool: tuple[list[dict[str, Any]], list[Any], dict[str, Any]],
+              swap: SwapPlan | None, extra: list[str], threads: int | None,
+              server_cmd: Callable[[Path, str, list[str]], list[str]], body_format: str) -> dict[str, Any]:
+    rows, surfaces, context = pool
     if swap is not None:
         swap_sources(swap.model)  # refuse an export folder before any measurement, not after
     cells: list[CellResult] = []
@@ -396,6 +526,97 @@ def _swap_phase(cmd: list[str], model: Path, threads: int | None, rows: list[dic
             "requests": cells[-1].requests, "errors": errs, "server_exit": code}
 
 
+# --------------------------------------------------------------------------- in-process stages
+def _timed(fn: Callable[[], Any], reps: int) -> dict[str, float]:
+    """p50/p99 of ``fn`` in ms, wall clock and this thread's CPU time (the CPU time is what a shared,
+    overloaded machine inflates least: it leaves out the time other processes held the core)."""
+    for _ in range(min(5, reps)):
+        fn()
+    wall, cpu = [], []
+    for _ in range(reps):
+        t0, c0 = time.perf_counter(), time.thread_time()
+        fn()
+        cpu.append(time.thread_time() - c0)
+        wall.append(time.perf_counter() - t0)
+    w, c = np.asarray(wall) * 1e3, np.asarray(cpu) * 1e3
+    return {"wall_p50_ms": float(np.percentile(w, 50)), "wall_p99_ms": float(np.percentile(w, 99)),
+            "cpu_p50_ms": float(np.percentile(c, 50)), "cpu_p99_ms": float(np.percentile(c, 99))}
+
+
+def in_process_stages(model: Path, backends: list[str], candidates: list[int], merged: int, reps: int,
+                      pool: tuple[list[dict[str, Any]], list[Any], dict[str, Any]]) -> dict[str, Any]:
+    """Each stage of a request timed inside one process, one thread (torch threads 1): the body decode
+    (stdlib json, orjson, Arrow), the request -> Batch encoding (JSON objects, Arrow table), the forward
+    pass, ``score_many`` of one request and of ``merged`` requests at once (what dynamic batching runs
+    under load), and the reply encode. No HTTP, no other thread: the floor a server can reach."""
+    import torch
+
+    from opengem.serve import json_codec
+    from opengem.serve.predictor import Predictor
+
+    torch.set_num_threads(1)
+    rows, surfaces, context = pool
+    out: dict[str, Any] = {"model": str(model), "reps": reps, "merged": merged, "json": json_codec.BACKEND,
+                           "load_average_before": load_average(), "stages": []}
+    for backend in backends:
+        p = Predictor.load(model, backend)
+        for n in candidates:
+            reqs = [json.loads(make_request(rows, surfaces, context, n, i)) for i in range(merged)]
+            stages = _stage_fns(p, reqs)
+            for name, fn in stages.items():
+                few = max(5, reps // merged) if str(merged) in name.split()[1:2] else reps
+                out["stages"].append({"backend": backend, "candidates": n, "stage": name, **_timed(fn, few)})
+                print(_stage_row(out["stages"][-1]), file=sys.stderr, flush=True)
+    out["load_average_after"] = load_average()
+    out["command"] = " ".join(["opengem", *sys.argv[1:]])
+    return out
+
+
+def _stage_fns(p: Any, reqs: list[dict[str, Any]]) -> dict[str, Callable[[], Any]]:
+    """The stages :func:`in_process_stages` times, on one Predictor and ``len(reqs)`` requests."""
+    from opengem.serve import json_codec
+
+    m = len(reqs)
+    body = json.dumps(reqs[0]).encode()
+    arrow_body = arrow_io.encode_request(reqs[0])
+    tables = [arrow_io.decode_request(arrow_io.encode_request(r), tables=True) for r in reqs]
+    batch, _ = p.encode(reqs[:1])
+    big, _ = p.encode(reqs)
+    reply = p.score(reqs[0])
+    return {
+        "decode json (stdlib)": lambda: json.loads(body),
+        f"decode json ({json_codec.BACKEND})": lambda: json_codec.loads(body),
+        "decode arrow": lambda: arrow_io.decode_request(arrow_body, tables=True),
+        "encode 1 request (json objects)": lambda: p.encode(reqs[:1]),
+        "encode 1 request (arrow table)": lambda: p.encode(tables[:1]),
+        "forward 1 request": lambda: p.logits(batch),
+        "score_many 1 request (json objects)": lambda: p.score_many(reqs[:1]),
+        f"encode {m} requests (json objects)": lambda: p.encode(reqs),
+        f"encode {m} requests (arrow tables)": lambda: p.encode(tables),
+        f"forward {m} requests": lambda: p.logits(big),
+        f"score_many {m} requests (json objects)": lambda: p.score_many(reqs),
+        f"score_many {m} requests (arrow tables)": lambda: p.score_many(tables),
+        f"reply ({json_codec.BACKEND})": lambda: json_codec.dumps(reply),
+    }
+
+
+STAGE_HEAD = (f"{'backend':<8}{'cands':>6}  {'stage':<42}{'cpu p50':>9}{'cpu p99':>9}{'wall p50':>10}"
+              f"{'wall p99':>10}")
+
+
+def _stage_row(r: dict[str, Any]) -> str:
+    return (f"{r['backend']:<8}{r['candidates']:>6}  {r['stage']:<42}{r['cpu_p50_ms']:>9.3f}"
+            f"{r['cpu_p99_ms']:>9.3f}{r['wall_p50_ms']:>10.3f}{r['wall_p99_ms']:>10.3f}")
+
+
+def format_stages(result: dict[str, Any]) -> str:
+    lines = [f"in-process stages (ms; one thread, torch threads 1), model {result['model']}, "
+             f"{result['reps']} reps, load average {result['load_average_before']} -> "
+             f"{result['load_average_after']}",
+             STAGE_HEAD, "-" * len(STAGE_HEAD)]
+    return "\n".join(lines + [_stage_row(r) for r in result["stages"]])
+
+
 # --------------------------------------------------------------------------- table
 HEAD = (f"{'backend':<8}{'phase':<7}{'cands':>6}{'clients':>8}{'requests':>9}{'errors':>7}{'req/s':>9}"
         f"{'p50 ms':>9}{'p95 ms':>9}{'p99 ms':>9}")
@@ -408,9 +629,12 @@ def _row(c: CellResult) -> str:
 
 def format_table(result: dict[str, Any]) -> str:
     cells = [CellResult(**c) for c in result["cells"]]
+    pinning = result.get("pinning")
+    pins = (f"server on CPU {','.join(map(str, pinning['server_cpus']))}, clients on "
+            f"{','.join(map(str, pinning['client_cpus']))}" if pinning else "not pinned")
     lines = [f"opengem serve on loopback, {result.get('body_format', 'json')} bodies, model "
              f"{result['model']} ({result.get('served_version')}), server "
-             f"threads {result.get('server_threads')}, <= {result['max_requests']} requests or "
+             f"threads {result.get('server_threads')}, {pins}, <= {result['max_requests']} requests or "
              f"{result['duration_s']} s per cell, load average {result['load_average_before']} -> "
              f"{result['load_average_after']}", HEAD, "-" * len(HEAD)]
     lines += [_row(c) for c in cells]
@@ -448,6 +672,15 @@ def add_serve_arguments(sub: Any) -> None:
                    "else ./serve_bench.json)")
     s.add_argument("--body", default="json", choices=("json", "arrow"),
                    help="request body format of the steady cells (the swap phase sends JSON)")
+    s.add_argument("--no-pin", dest="pin", action="store_false",
+                   help="do not pin (default with >= 2 CPUs: the server on one CPU, its clients on the "
+                        "others)")
+    s.add_argument("--no-gc-freeze", action="store_true", help="passed to opengem serve (to measure what the "
+                   "frozen heap saves)")
+    s.add_argument("--in-process", action="store_true",
+                   help="no server: time each stage of a request inside this process instead (decode, "
+                        "encode, forward, score_many of one and of --merged requests, reply)")
+    s.add_argument("--merged", type=int, default=16, help="--in-process: requests per merged batch")
     s.add_argument("--json", action="store_true", help="print JSON instead of the table")
 
 
@@ -485,19 +718,31 @@ def run_serve(args: argparse.Namespace) -> int:
     model = Path(args.model)
     if not model.exists():
         raise UsageError(f"--model {model}: no such folder")
-    pool = candidate_pool(args.data, args.requests_file)
+    pool = candidate_pool(args.data, args.requests_file, raw=takes_raw_values(model, args.data))
+    if args.in_process:
+        if args.merged < 1:
+            raise UsageError(f"--merged: must be >= 1 (got {args.merged})")
+        staged = in_process_stages(model, backends, candidates, args.merged, args.requests, pool)
+        out = Path(args.out) if args.out else Path("serve_stages.json")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(staged, indent=2))
+        print(json.dumps(staged, indent=2) if args.json else format_stages(staged))
+        print(f"wrote {out}", file=sys.stderr)
+        return 0
     server_args = []
     for flag, v in (("--max-wait-us", args.max_wait_us),
                     ("--max-batch-candidates", args.max_batch_candidates)):
         if v is not None:
             server_args += [flag, str(v)]
+    if args.no_gc_freeze:
+        server_args.append("--no-gc-freeze")
     swap = None
     if args.swap_versions > 0:
         swap_backends = [b for b in (args.swap_backends or args.backends).split(",") if b]
         swap = SwapPlan(Path(args.swap_model or args.model), swap_backends, args.swap_versions,
                         args.swap_candidates, args.swap_clients)
     result = run_serve_bench(model, backends, candidates, clients, args.requests, args.duration, pool, swap,
-                             server_args, args.server_threads or None, body_format=args.body)
+                             server_args, args.server_threads or None, body_format=args.body, pin=args.pin)
     out = Path(args.out) if args.out else (model / "serve_bench.json" if (model / "config.toml").is_file()
                                            else Path("serve_bench.json"))
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -96,13 +96,16 @@ class ProblemLog:
         self.samples: list[Problem] = []
 
     def add(self, file: str | Path, column: str | None, what: str, action: str,
-            rows: np.ndarray | None = None, detail: np.ndarray | None = None) -> None:
+            rows: np.ndarray | None = None, detail: np.ndarray | None = None,
+            count: int | None = None) -> None:
+        """Record a problem at ``rows`` (values ``detail``). ``count``, when given, is how many there are
+        in all, of which ``rows`` may hold only the first few (a repair need not find every row)."""
         file = str(file)
         if action == "error" and self.raise_errors:
             row = None if rows is None or not len(rows) else int(rows[0])
             extra = "" if detail is None or not len(detail) else f" (value {detail[0]})"
             raise DataError(file, what + extra, column, row)
-        n = 1 if rows is None else len(rows)
+        n = count if count is not None else 1 if rows is None else len(rows)
         self.counts[(file, column or "", what)] += n
         room = self.keep - len(self.samples)
         if room > 0:
@@ -116,6 +119,11 @@ class ProblemLog:
     def merge(self, counts: dict[tuple[str, str, str], int], samples: list[Problem] = ()) -> None:
         self.counts.update(counts)
         self.samples += list(samples)[: max(0, self.keep - len(self.samples))]
+
+    @property
+    def room(self) -> int:
+        """How many more individual problems this log keeps."""
+        return max(0, self.keep - len(self.samples))
 
     @property
     def total(self) -> int:
@@ -174,12 +182,13 @@ def conform_table(table: pa.Table, schema: FeatureSchema, file: str | Path,
     cols = []
     for f in target:
         col = table.column(f.name)
-        if not _compatible(col.type, f.type):
-            raise DataError(file, f"wrong type {col.type}, expected {f.type}", f.name)
-        try:
-            col = col if col.type == f.type else col.cast(f.type, safe=True)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
-            raise DataError(file, f"cannot cast {col.type} to {f.type}: {e}", f.name) from None
+        if col.type != f.type:  # (a column of the canonical type is compatible: no check, no cast)
+            if not _compatible(col.type, f.type):
+                raise DataError(file, f"wrong type {col.type}, expected {f.type}", f.name)
+            try:
+                col = col.cast(f.type, safe=True)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+                raise DataError(file, f"cannot cast {col.type} to {f.type}: {e}", f.name) from None
         if check_nulls and not f.nullable and col.null_count:
             row = int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
             raise DataError(file, "null value in a non-nullable column", f.name, row)
@@ -439,24 +448,23 @@ class Columns:
 
         for name in (schema.example_id_column, schema.time_column, schema.surface_column):
             a = col(name)
-            masks[name] = ~a.is_null().to_numpy(zero_copy_only=False)
-            scalars[name] = a.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+            masks[name] = _not_null(a)
+            scalars[name] = _filled_np(a, 0, np.int64)
         for f in schema.dense:
-            scalars[f.name] = col(f.name).fill_null(np.nan).to_numpy(zero_copy_only=False).astype(
-                np.float32, copy=False)
+            scalars[f.name] = _filled_np(col(f.name), np.nan, np.float32)
         for t in schema.tasks:
             a = col(t.label_column)
-            masks[t.label_column] = ~a.is_null().to_numpy(zero_copy_only=False)
-            scalars[t.label_column] = a.fill_null(0).to_numpy(zero_copy_only=False).astype(
-                np.float32, copy=False)
+            masks[t.label_column] = _not_null(a)
+            scalars[t.label_column] = _filled_np(a, 0, np.float32)
         for f in schema.sparse:
             a = col(f.name)
             if f.multi_valued:
                 lists[f.name] = _list_np(a, -1, np.int64)
-            else:
-                valid = ~a.is_null().to_numpy(zero_copy_only=False)
-                vals = a.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
-                lists[f.name] = (valid.astype(np.int64), vals[valid])
+            elif a.null_count:
+                valid = _not_null(a)
+                lists[f.name] = (valid.astype(np.int64), _filled_np(a, 0, np.int64)[valid])
+            else:  # no nulls (the common case): every row has one id, and no mask to apply
+                lists[f.name] = (np.ones(n, dtype=np.int64), _filled_np(a, 0, np.int64))
         for g in schema.sequences:
             for f in g.fields:
                 if f.kind == "id":
@@ -511,13 +519,30 @@ class Columns:
         )
 
 
+def _not_null(a: pa.Array) -> np.ndarray:
+    """[n] bool, True where ``a`` has a value. Without nulls (the usual case) no Arrow kernel runs: a
+    kernel call has a fixed cost of tens of microseconds, which a 512-row request pays per column."""
+    if not a.null_count:
+        return np.ones(len(a), dtype=bool)
+    if a.null_count == len(a):  # (labels at serving time: never observed)
+        return np.zeros(len(a), dtype=bool)
+    return ~a.is_null().to_numpy(zero_copy_only=False)
+
+
+def _filled_np(a: pa.Array, fill: float, dtype: type) -> np.ndarray:
+    """``a`` as numpy ``dtype`` with nulls replaced by ``fill``; ``fill_null`` runs only when there are
+    nulls (same values either way: filling nothing is the identity)."""
+    if a.null_count == len(a) and len(a):
+        return np.full(len(a), fill, dtype=dtype)
+    if a.null_count:
+        a = a.fill_null(fill)
+    return a.to_numpy(zero_copy_only=False).astype(dtype, copy=False)
+
+
 def _list_np(a: pa.Array, fill: float, dtype: type) -> tuple[np.ndarray, np.ndarray]:
     """(lengths, flat values) of a list array; null lists are empty, null elements become ``fill``."""
-    lengths = pc.list_value_length(a).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
-    flat = a.flatten()
-    if flat.null_count:
-        flat = flat.fill_null(fill)
-    return lengths, flat.to_numpy(zero_copy_only=False).astype(dtype, copy=False)
+    lengths = _filled_np(pc.list_value_length(a), 0, np.int64)
+    return lengths, _filled_np(a.flatten(), fill, dtype)
 
 
 # =========================================================================== checking and repairing
@@ -624,10 +649,15 @@ def _check_ids(name: str, ln: np.ndarray, v: np.ndarray, vocab: int, pol: str, c
     for bad, what in ((neg, "negative id (or null element)"), (big, f"id beyond vocabulary {vocab}")):
         if not bad.any():
             continue
-        r = _element_rows(ln, bad)
-        log.add(file, name, what, pol, cols.rows[r], v[bad])
         if pol == "skip" or pol == "error":
+            r = _element_rows(ln, bad)
+            log.add(file, name, what, pol, cols.rows[r], v[bad])
             drop[r] = True
+        else:  # a repair drops nothing: find the rows of only the ids the log keeps (a VM schema hashes
+            # most ids of a request past its cap, and finding every row cost more than the rest)
+            first = np.flatnonzero(bad)[:log.room] if log.room else np.zeros(0, dtype=np.int64)
+            r = np.searchsorted(np.cumsum(ln), first, side="right") if len(first) else first
+            log.add(file, name, what, pol, cols.rows[r], v[first], count=int(np.count_nonzero(bad)))
     if pol == "hash":
         return np.mod(v, vocab)
     if pol == "clamp":

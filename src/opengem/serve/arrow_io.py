@@ -28,8 +28,12 @@ from opengem.serve.errors import BadRequest
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 
 
-def decode_request(body: bytes) -> dict[str, Any]:
-    """An Arrow IPC stream body -> the request dict the Predictor takes; BadRequest when malformed."""
+def decode_request(body: bytes, tables: bool = False) -> dict[str, Any]:
+    """An Arrow IPC stream body -> the request dict the Predictor takes; BadRequest when malformed.
+
+    ``tables=True`` keeps the candidates as the ``pyarrow.Table`` itself (the Predictor takes it column
+    by column, without building a Python dict per candidate: the point of an Arrow body); otherwise
+    they are ``{feature: value}`` rows, null cells dropped, as a JSON body would give them."""
     try:
         reader = pa.ipc.open_stream(pa.BufferReader(body))
         table = reader.read_all()
@@ -37,7 +41,7 @@ def decode_request(body: bytes) -> dict[str, Any]:
         raise BadRequest(f"body is not an Arrow IPC stream ({type(e).__name__}: {_short(e)})") from None
     meta = {k.decode("utf-8", "replace"): v.decode("utf-8", "replace")
             for k, v in (table.schema.metadata or {}).items()}
-    request: dict[str, Any] = {"candidates": _rows(table)}
+    request: dict[str, Any] = {"candidates": table if tables else arrow_rows(table)}
     if "surface" in meta:
         s = meta["surface"]
         request["surface"] = int(s) if s.lstrip("-").isdigit() else s
@@ -50,7 +54,7 @@ def decode_request(body: bytes) -> dict[str, Any]:
     return request
 
 
-def _rows(table: pa.Table) -> list[dict[str, Any]]:
+def arrow_rows(table: pa.Table) -> list[dict[str, Any]]:
     """Candidate rows with nulls dropped: a null cell is a feature not given."""
     try:
         rows = table.to_pylist()

@@ -13,6 +13,11 @@ given for one pass; two in parallel would only contend).
 The predictor is taken from a :class:`~opengem.serve.hot_swap.ModelHolder` once per batch: a hot swap
 between batches is atomic, and a batch in flight finishes on the predictor it started with.
 
+Waiting pays only when another request is on its way: with ``arriving`` (the server's count of requests
+received but not yet queued) the batch stops waiting as soon as the queue is empty and nothing is
+arriving, so a lone client never pays ``max_wait_us`` (it did: 500 us on every request), while under
+load the requests that queue up during one forward pass still merge into the next.
+
 One bad request must not fail the others it was batched with: when ``score_many`` refuses a batch with
 :class:`BadRequest`, each of its requests is scored alone so that only the culprit gets the error.
 """
@@ -55,10 +60,16 @@ class BatchStats:
 
 
 @dataclass
-class _Item:
+class Ticket:
+    """One queued request: its future, and when it was queued, started and finished scoring
+    (``time.perf_counter``; the server's per-stage latency metrics read them)."""
+
     request: dict[str, Any]
     candidates: int
     future: Future[dict[str, Any]]
+    queued: float = 0.0
+    started: float = 0.0
+    finished: float = 0.0
 
 
 _STOP = object()
@@ -73,7 +84,8 @@ class DynamicBatcher:
 
     def __init__(self, current_model: Callable[[], Scorer], max_batch_candidates: int = 2048,
                  max_wait_us: int = 500, max_queue: int = 4096,
-                 on_batch: Callable[[int, int, float], None] | None = None) -> None:
+                 on_batch: Callable[[int, int, float], None] | None = None,
+                 arriving: Callable[[], int] | None = None) -> None:
         if max_batch_candidates < 1:
             raise ValueError(f"max_batch_candidates must be >= 1, got {max_batch_candidates}")
         if max_wait_us < 0:
@@ -82,25 +94,30 @@ class DynamicBatcher:
         self.max_batch_candidates = max_batch_candidates
         self.max_wait_s = max_wait_us / 1e6
         self.on_batch = on_batch
+        self.arriving = arriving
         self.stats = BatchStats()
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=max_queue)
         self._closing = False
-        self._carry: _Item | None = None  # taken from the queue but did not fit the batch: starts the next
+        self._carry: Ticket | None = None  # taken from the queue but did not fit the batch: starts the next
         self._thread = threading.Thread(target=self._work, name="opengem-batcher", daemon=True)
         self._thread.start()
 
     # ------------------------------------------------------------------ client side
     def submit_nowait(self, request: dict[str, Any]) -> Future[dict[str, Any]]:
         """Queue one request; the future resolves to its reply or raises its error."""
+        return self.enqueue(request).future
+
+    def enqueue(self, request: dict[str, Any]) -> Ticket:
+        """Queue one request; its ticket's future resolves to its reply or raises its error."""
         if self._closing:
             raise ServerBusy("server is shutting down; retry on another replica")
         cands = request.get("candidates")
-        item = _Item(request, len(cands) if isinstance(cands, list) else 0, Future())
+        item = Ticket(request, len(cands) if hasattr(cands, "__len__") else 0, Future(), time.perf_counter())
         try:
             self._queue.put_nowait(item)
         except queue.Full:
             raise ServerBusy(f"request queue full ({self._queue.maxsize} waiting); retry later") from None
-        return item.future
+        return item
 
     async def submit(self, request: dict[str, Any]) -> dict[str, Any]:
         """Queue one request and await its reply without blocking the event loop."""
@@ -122,7 +139,7 @@ class DynamicBatcher:
             if stop:
                 return
 
-    def _collect(self) -> tuple[list[_Item], bool]:
+    def _collect(self) -> tuple[list[Ticket], bool]:
         """One batch: block for its first request, then take more until full or the wait is over."""
         first = self._carry if self._carry is not None else self._queue.get()
         self._carry = None
@@ -132,6 +149,8 @@ class DynamicBatcher:
         deadline = time.perf_counter() + self.max_wait_s
         while total < self.max_batch_candidates:
             remaining = deadline - time.perf_counter()
+            if self.arriving is not None and self._queue.empty() and self.arriving() <= 0:
+                break  # nobody else is on the way: waiting would only delay this batch
             try:
                 item = self._queue.get(timeout=remaining) if remaining > 0 else self._queue.get_nowait()
             except queue.Empty:
@@ -145,9 +164,11 @@ class DynamicBatcher:
             total += item.candidates
         return batch, False
 
-    def _run(self, batch: list[_Item]) -> None:
+    def _run(self, batch: list[Ticket]) -> None:
         model = self.current_model()  # once per batch: a swap never splits a batch
         t0 = time.perf_counter()
+        for it in batch:
+            it.started = t0
         try:
             replies = model.score_many([it.request for it in batch])
             if len(replies) != len(batch):
@@ -162,7 +183,9 @@ class DynamicBatcher:
             for it in batch:
                 it.future.set_exception(e)
         else:
+            done = time.perf_counter()
             for it, reply in zip(batch, replies, strict=True):
+                it.finished = done
                 it.future.set_result(reply)
         seconds = time.perf_counter() - t0
         cands = sum(it.candidates for it in batch)
@@ -173,9 +196,11 @@ class DynamicBatcher:
             self.on_batch(len(batch), cands, seconds)
 
     @staticmethod
-    def _run_alone(model: Scorer, batch: list[_Item]) -> None:
+    def _run_alone(model: Scorer, batch: list[Ticket]) -> None:
         for it in batch:
             try:
-                it.future.set_result(model.score_many([it.request])[0])
+                reply = model.score_many([it.request])[0]
+                it.finished = time.perf_counter()
+                it.future.set_result(reply)
             except Exception as e:  # noqa: BLE001 - BadRequest for the culprit, whatever else for a crash
                 it.future.set_exception(e)

@@ -17,8 +17,11 @@ dataset made by ``opengem convert table`` whose encoders the artifact carries, t
 
 from __future__ import annotations
 
+import functools
+import itertools
 import numbers
-from collections.abc import Callable, Mapping
+import operator
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +34,7 @@ from opengem.data.batch import Batch
 from opengem.data.dataset import arrow_schema
 from opengem.data.parquet import Columns, DataError, ProblemLog, check_columns, conform_table, to_batch
 from opengem.data.schema import FeatureSchema
+from opengem.serve.arrow_io import arrow_rows
 from opengem.serve.errors import BadRequest
 from opengem.serve.table_codec import TABLE, encode_raw, encoders_from_json, raw_batch, raw_columns
 
@@ -101,17 +105,64 @@ def _check_value(col: _Column, v: Any, where: str) -> Any:
     return [int(x) for x in v] if col.kind == "ids" else [float(x) for x in v]
 
 
-# Exact-type checks that pass the common case (plain JSON values) column by column at C speed; anything
-# else (numpy scalars, tuples, bad values) goes through _check_value, which converts or names the problem.
-_FAST_OK: dict[str, Callable[[Any], bool]] = {
-    "id": lambda x: type(x) is int,
-    "float": lambda x: type(x) is float or type(x) is int,
-    "cat": lambda x: type(x) is str or type(x) is int,
-    "num": lambda x: x is None or type(x) is float or type(x) is int,
-    "ids": lambda x: type(x) is list and all(type(e) is int for e in x),
-    "floats": lambda x: type(x) is list and all(type(e) is float or type(e) is int for e in x),
-    "cats": lambda x: type(x) is list and all(type(e) is str or type(e) is int for e in x),
-}
+# Raw source values (``opengem convert table`` data): the Python types each kind may have. A column passes
+# when the set of its values' types (``map(type, ...)``, at C speed) is a subset; anything else (numpy
+# scalars, tuples, a missing or bad value) goes through _check_value, which converts or names the problem.
+_RAW_TYPES: dict[str, frozenset[type]] = {"cat": frozenset({int, str}),
+                                          "num": frozenset({int, float, type(None)})}
+_LIST_TYPES = frozenset({list})
+_DICT_TYPES = {dict}
+_INT64 = pa.int64()
+_FLOAT32 = pa.float32()
+_DOUBLE = pa.float64()
+_NULL = pa.null()
+
+
+def _raw_column_is_clean(kind: str, values: Sequence[Any]) -> bool:
+    """True when every raw source value has exactly a type the kind takes (``type(True)`` is not int)."""
+    if kind in _RAW_TYPES:
+        return set(map(type, values)) <= _RAW_TYPES[kind]
+    return (set(map(type, values)) <= _LIST_TYPES
+            and set(map(type, itertools.chain.from_iterable(values))) <= _RAW_TYPES["cat"])
+
+
+def fast_column(kind: str, values: Sequence[Any]) -> pa.Array | None:
+    """One feature's JSON values -> an Arrow array of its canonical type, or None when any value is not
+    plainly of the kind (the caller's slow path then names the candidate and the problem).
+
+    pyarrow's type inference is the check, in one C pass over the values: a column of ids must infer as
+    int64 (a float, a bool, a string, a list, a missing value or an id past int64 makes it infer otherwise
+    or fail), dense values as int64 or double. List columns are flattened once and inferred the same
+    way, with their lengths as the list offsets.
+    """
+    try:
+        if kind == "id" or kind == "float":
+            arr = pa.array(values)
+            if arr.null_count:
+                return None
+            if arr.type == _INT64:
+                return arr if kind == "id" else arr.cast(_FLOAT32, safe=False)
+            return arr.cast(_FLOAT32, safe=False) if kind == "float" and arr.type == _DOUBLE else None
+        if kind == "ids" or kind == "floats":
+            if not set(map(type, values)) <= _LIST_TYPES:
+                return None
+            flat = pa.array(list(itertools.chain.from_iterable(values)))
+            if flat.null_count:
+                return None
+            if kind == "ids" and flat.type == _INT64:
+                pass  # already the canonical type: no cast kernel to call
+            elif flat.type == _NULL or flat.type == _INT64:
+                flat = flat.cast(_INT64 if kind == "ids" else _FLOAT32, safe=False)
+            elif kind == "floats" and flat.type == _DOUBLE:
+                flat = flat.cast(_FLOAT32, safe=False)
+            else:
+                return None
+            offsets = np.zeros(len(values) + 1, dtype=np.int32)
+            np.cumsum(np.fromiter(map(len, values), np.int32, len(values)), out=offsets[1:])
+            return pa.ListArray.from_arrays(pa.array(offsets), flat)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError, ValueError):
+        return None
+    return None
 
 
 class RequestEncoder:
@@ -145,6 +196,17 @@ class RequestEncoder:
 
     def columns_of(self, request: Any) -> Columns:
         """One request -> checked Columns (one row per candidate), or a BadRequest."""
+        table = self._conformed(self.table_of(request))
+        return self._checked(table, [table.num_rows])
+
+    def table_of(self, request: Any) -> pa.Table:
+        """One request -> its rows as a canonical Arrow table, before ``conform_table``, or a BadRequest.
+        The loader's path runs on the table of a whole batch (:meth:`batch`).
+
+        ``candidates`` is a list of ``{feature: value}`` objects (JSON) or a ``pyarrow.Table`` with one
+        column per candidate feature (an Arrow IPC body, :func:`opengem.serve.arrow_io.decode_request`
+        with ``tables=True``), which goes into the canonical table as columns, never through Python dicts.
+        """
         if not isinstance(request, Mapping):
             raise BadRequest(f"a request is a JSON object, got {type(request).__name__}")
         extra = [k for k in request if k not in REQUEST_KEYS]
@@ -158,40 +220,88 @@ class RequestEncoder:
         if not isinstance(context, Mapping):
             raise BadRequest(f"'context' must be an object of features, got {type(context).__name__}")
         cands = request.get("candidates")
-        if not isinstance(cands, list):
+        if isinstance(cands, pa.Table) and self.table is not None:
+            cands = arrow_rows(cands)  # raw source values go through the importer's encoders as rows
+        if not isinstance(cands, (list, pa.Table)):
             raise BadRequest("'candidates' must be a list of objects, one per ad to score")
         n = len(cands)
         if n == 0:
             raise BadRequest("'candidates' is empty: nothing to score")
         if n > self.max_candidates:
             raise BadRequest(f"too many candidates: {n} (at most {self.max_candidates} per request)")
-        values: dict[str, list[Any]] = {}
+        values: dict[str, list[Any] | pa.Array] = {}
         for k, v in context.items():
             col = self._column(k, "context")
             values[k] = [_check_value(col, v, "context")] * n
-        if not all(type(c) is dict for c in cands):
+        if isinstance(cands, pa.Table):
+            values.update(self._arrow_values(cands, context))
+        else:
+            values.update(self._json_values(cands, context))
+        return self._canonical_table(values, surface, n)
+
+    def _json_values(self, cands: list[Any], context: Mapping[str, Any]) -> dict[str, list[Any] | pa.Array]:
+        """Candidate objects -> one checked column per feature. The common case (plain JSON values of the
+        right types) is checked and converted per column at C speed (:func:`fast_column`; raw source
+        values: a type-set check); the slow path names the first bad candidate."""
+        if set(map(type, cands)) != _DICT_TYPES:
             for i, c in enumerate(cands):
                 if not isinstance(c, Mapping):
                     raise BadRequest(f"candidate {i}: must be an object of features, got {type(c).__name__}")
         wanted = [k for k in self.columns if k not in context]
-        allowed = set(wanted)
-        if not all(c.keys() <= allowed for c in cands):  # the slow path names the key
+        allowed = frozenset(wanted)
+        columns = _transpose(cands, wanted)
+        # no candidate has a key beyond ``wanted`` when each has all of them (the transpose found them)
+        # and no more (a set of lengths, at C speed: 10x cheaper than a subset test per candidate)
+        exact = set(map(len, cands)) == {len(wanted)} and not (columns and columns[0] is None)
+        if not exact and not all(map(allowed.issuperset, cands)):  # the slow path names the key
             for i, c in enumerate(cands):
                 for k in c:
                     if k not in allowed:
                         self._column(k, f"candidate {i}")  # an unknown feature raises here
                         raise BadRequest(f"candidate {i}: feature {k!r} is also in the context; give it once")
-        for name in wanted:
+        values: dict[str, list[Any] | pa.Array] = {}
+        for name, vals in zip(wanted, columns, strict=True):
             col = self.columns[name]
+            if vals is not None:
+                if self.table is None:
+                    arr = fast_column(col.kind, vals)
+                    if arr is not None:
+                        values[name] = arr
+                        continue
+                elif _raw_column_is_clean(col.kind, vals):
+                    values[name] = list(vals)
+                    continue
             vals = values[name] = [c.get(name, _ABSENT) for c in cands]
             if all(v is _ABSENT for v in vals):
                 raise BadRequest(f"missing feature {name!r} (give it in the context or in every candidate)")
-            if not all(map(_FAST_OK[col.kind], vals)):  # the slow path names the first bad candidate
-                for i, v in enumerate(vals):
-                    if v is _ABSENT:
-                        raise BadRequest(f"candidate {i}: missing feature {name!r}")
-                    vals[i] = _check_value(col, v, f"candidate {i}")
-        return self._check(values, surface, n)
+            for i, v in enumerate(vals):
+                if v is _ABSENT:
+                    raise BadRequest(f"candidate {i}: missing feature {name!r}")
+                vals[i] = _check_value(col, v, f"candidate {i}")
+        return values
+
+    def _arrow_values(self, cands: pa.Table, context: Mapping[str, Any]) -> dict[str, pa.Array]:
+        """An Arrow table of candidates -> its columns as they are (``conform_table`` casts them and names
+        a column of the wrong type). A column of nulls only is a feature not given, a null cell in a
+        column with values a candidate that lacks it."""
+        values: dict[str, pa.Array] = {}
+        for name in cands.column_names:
+            self._column(name, "candidates")  # an unknown feature raises here
+            arr = cands.column(name)
+            if arr.null_count == len(arr):
+                continue
+            if name in context:
+                raise BadRequest(f"feature {name!r} is in the context and in the candidates; give it once")
+            if arr.null_count:
+                first = int(np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False))[0])
+                raise BadRequest(f"candidate {first}: missing feature {name!r}")
+            if pa.types.is_list(arr.type) and pa.types.is_null(arr.type.value_type):  # every list empty
+                arr = pa.array([[]] * len(arr), type=self.arrow.field(name).type)
+            values[name] = arr
+        for name in self.columns:
+            if name not in values and name not in context:
+                raise BadRequest(f"missing feature {name!r} (give it in the context or in every candidate)")
+        return values
 
     def _column(self, name: Any, where: str) -> _Column:
         col = self.columns.get(name) if isinstance(name, str) else None
@@ -199,11 +309,11 @@ class RequestEncoder:
             raise BadRequest(f"{where}: unknown feature {name!r} (schema {self.schema.name!r})")
         return col
 
-    def _check(self, values: dict[str, list[Any]], surface: int, n: int) -> Columns:
-        """Raw values -> a canonical table (the importer's encoders, when the dataset was converted) ->
-        the loader's checks."""
+    def _canonical_table(self, values: dict[str, Any], surface: int, n: int) -> pa.Table:
+        """Checked values -> a canonical table (through the importer's encoders when the dataset was
+        converted)."""
         if self.table is None:
-            return self._checked(self._canonical(values, surface, n), n)
+            return self._canonical(values, surface, n)
         try:
             raw = raw_batch(self.table, values, self.schema.surfaces[surface], n, self.text_columns)
             table = encode_raw(self.table, raw, self.schema, REQUEST)
@@ -212,52 +322,126 @@ class RequestEncoder:
                 table = table.set_column(i, table.schema.field(i), pa.nulls(n, table.schema.field(i).type))
         except (AdapterError, pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as e:
             raise BadRequest(f"cannot encode the request's values: {str(e).splitlines()[0]}") from None
-        return self._checked(table, n)
+        return table
 
-    def _canonical(self, values: dict[str, list[Any]], surface: int, n: int) -> pa.Table:
+    def _conformed(self, table: pa.Table) -> pa.Table:
+        """The loader's ``conform_table``: canonical types, or the column that has the wrong one."""
+        try:
+            return conform_table(table, self.schema, REQUEST, target=self.arrow, check_nulls=False)
+        except DataError as e:
+            raise BadRequest(f"feature {e.column!r}: {e.what}") from None
+
+    def _canonical(self, values: dict[str, Any], surface: int, n: int) -> pa.Table:
         sch = self.schema
-        data: dict[str, pa.Array] = {
-            sch.example_id_column: pa.array(np.arange(n, dtype=np.int64)),
-            sch.time_column: pa.array(np.zeros(n, dtype=np.int64)),
-            sch.surface_column: pa.array(np.full(n, surface, dtype=np.int32)),
-        }
+        example_id, ts, surfaces = _bookkeeping(n, surface)
+        data: dict[str, pa.Array] = {sch.example_id_column: example_id, sch.time_column: ts,
+                                     sch.surface_column: surfaces}
         for f in self.arrow:
             if f.name in values:
+                v = values[f.name]
+                if isinstance(v, (pa.Array, pa.ChunkedArray)):  # an Arrow column: conform_table casts it
+                    data[f.name] = v
+                    continue
                 try:
-                    data[f.name] = pa.array(values[f.name], type=f.type)
+                    data[f.name] = pa.array(v, type=f.type)
                 except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as e:
                     raise BadRequest(f"feature {f.name!r}: {str(e).splitlines()[0]}") from None
             elif f.name not in data:  # labels: not observed
-                data[f.name] = pa.nulls(n, type=f.type)
+                data[f.name] = _nulls(n, f.type)
         return pa.table(data)
 
-    def _checked(self, table: pa.Table, n: int) -> Columns:
-        """The loader's path from a canonical table to checked Columns."""
+    def _checked(self, table: pa.Table, counts: list[int]) -> Columns:
+        """The loader's path from a conformed table (``counts[i]`` rows of request ``i``) to checked
+        Columns: ``Columns.from_arrow`` -> ``check_columns``, once for a whole batch.
+
+        The problem log keeps no samples (``keep=0``): building one per repaired value (a VM schema
+        hashes every id past its cap, so most requests have some) cost more than the rest of the checks.
+        Only when a row was skipped are the checks run again with samples, to say why."""
         sch = self.schema
-        log = ProblemLog(raise_errors=True)
         try:
-            cols = Columns.from_arrow(conform_table(table, sch, REQUEST, check_nulls=False), sch)
-            checked = check_columns(cols, sch, REQUEST, log)
+            cols = Columns.from_arrow(table, sch)
+            checked = check_columns(cols, sch, REQUEST, ProblemLog(raise_errors=True, keep=0))
         except DataError as e:
-            where = f"candidate {e.row}: " if e.row is not None else ""
-            raise BadRequest(f"{where}feature {e.column!r}: {e.what}") from None
-        if checked.n != n:
+            raise BadRequest(f"{_where(e.row, counts)}feature {e.column!r}: {e.what}") from None
+        if checked.n != cols.n:
+            log = ProblemLog(raise_errors=True)
+            check_columns(cols, sch, REQUEST, log)
             kept = set(checked.rows.tolist())
-            first = next(i for i in range(n) if i not in kept)
+            first = next(i for i in range(cols.n) if i not in kept)
             why = next((p for p in log.samples if p.row == first), None)
             reason = f"feature {why.column!r}: {why.what}" if why else "the schema skips it"
-            raise BadRequest(f"candidate {first}: {reason} (the schema would skip this row; fix the value)")
+            raise BadRequest(f"{_where(first, counts)}{reason} (the schema would skip this row; fix the "
+                             "value)")
         return checked
 
     def batch(self, requests: list[Any]) -> tuple[Batch, list[int]]:
         """Many requests -> one Batch (rows in request order) and each request's number of candidates;
-        a bad request is a BadRequest naming its index."""
-        parts = []
+        a bad request is a BadRequest naming its index. Each request is checked and made a table on its
+        own, then ``conform_table``, the loader's row checks and batching run once over all of them (their
+        cost is mostly per call, not per row: once per forward pass, not once per request)."""
+        if not requests:
+            raise BadRequest("no requests to score")
+        tables = []
         for i, r in enumerate(requests):
             try:
-                parts.append(self.columns_of(r))
+                tables.append(self.table_of(r))
             except BadRequest as e:
                 raise BadRequest(f"request {i}: {e}" if len(requests) > 1 else str(e)) from None
-        if not parts:
-            raise BadRequest("no requests to score")
-        return to_batch(Columns.concat(parts), self.schema), [p.n for p in parts]
+        counts = [t.num_rows for t in tables]
+        return to_batch(self._checked(self._conformed_all(tables), counts), self.schema), counts
+
+    def _conformed_all(self, tables: list[pa.Table]) -> pa.Table:
+        """``conform_table`` once over the requests' tables when they have the same Arrow schema (the
+        common case: JSON requests always do), else per request; a refusal names the request."""
+        if len(tables) == 1:
+            return self._conformed(tables[0])
+        first = tables[0].schema
+        if all(t.schema.equals(first) for t in tables[1:]):
+            try:
+                return self._conformed(pa.concat_tables(tables))
+            except BadRequest:
+                pass  # conform each below, to name the request
+        conformed = []
+        for i, t in enumerate(tables):
+            try:
+                conformed.append(self._conformed(t))
+            except BadRequest as e:
+                raise BadRequest(f"request {i}: {e}") from None
+        return pa.concat_tables(conformed)
+
+
+@functools.lru_cache(maxsize=64)
+def _bookkeeping(n: int, surface: int) -> tuple[pa.Array, pa.Array, pa.Array]:
+    """The example_id (0..n-1), ts (0) and surface columns of an n-row request. Arrow arrays are
+    immutable, so one set per (n, surface) is shared by every request of that size (and the loader's
+    path only reads them): three array builds less per request."""
+    return (pa.array(np.arange(n, dtype=np.int64)), pa.array(np.zeros(n, dtype=np.int64)),
+            pa.array(np.full(n, surface, dtype=np.int32)))
+
+
+@functools.lru_cache(maxsize=64)
+def _nulls(n: int, type_: pa.DataType) -> pa.Array:
+    """n nulls of a type (labels: not observed at serving time), shared like :func:`_bookkeeping`."""
+    return pa.nulls(n, type=type_)
+
+
+def _transpose(cands: list[dict[str, Any]], names: list[str]) -> list[tuple[Any, ...] | None]:
+    """Candidate objects -> one tuple of values per feature, in C (``itemgetter`` + ``zip``); all None
+    when some candidate lacks a feature (the caller's slow path says which)."""
+    if not names:
+        return []
+    try:
+        if len(names) == 1:
+            return [tuple(map(operator.itemgetter(names[0]), cands))]
+        return list(zip(*map(operator.itemgetter(*names), cands), strict=True))
+    except KeyError:
+        return [None] * len(names)
+
+
+def _where(row: int | None, counts: list[int]) -> str:
+    """``"candidate j: "`` (``"request i: candidate j: "`` in a batch of several) for a row of a batch."""
+    if row is None:
+        return ""
+    i = int(np.searchsorted(np.cumsum(counts), row, side="right"))
+    candidate = row - sum(counts[:i])
+    return f"request {i}: candidate {candidate}: " if len(counts) > 1 else f"candidate {candidate}: "

@@ -45,7 +45,7 @@ from opengem.train.config import load_run_config
 from opengem.train.distributed import process_group
 from opengem.train.evaluate import RunNotFoundError, run_checkpoint
 from opengem.train.parallelize import build_run_model
-from opengem.transfer.versions import list_versions, max_ts, parse_fm_spec
+from opengem.transfer.versions import VersionError, max_ts, parse_fm_spec, read_version
 
 BACKENDS = ("eager", "export", "aoti")
 MAX_BATCH = 1 << 20
@@ -254,10 +254,10 @@ def load_run(spec: str | Path) -> LoadedRun:
         ckpt_path, _best = run_checkpoint(run)
         trained_through: int | None = None
     else:
-        found = [v for v in list_versions(run) if v.version == version]
-        if not found:
-            raise ArtifactError(f"{spec}: run {run} has no published version {version}")
-        v = found[0]
+        try:  # this version's manifest only: another version's damaged one must not block it
+            v = read_version(run, version)
+        except VersionError as e:
+            raise ArtifactError(f"{spec}: {e}") from None
         cfg_path = v.path / "config.toml"
         if not cfg_path.exists():
             cfg_path = v.path.parent.parent / "config.toml"

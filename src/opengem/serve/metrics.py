@@ -13,6 +13,8 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 # request latency buckets (seconds): sub-millisecond resolution where the targets are (p99 < 5 ms)
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0,
                    2.5, 5.0)
+GC_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0)
+STAGES = ("read", "decode", "queue", "score", "reply")  # of one /predict request, in order
 CANDIDATE_BUCKETS = (1, 8, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 
 
@@ -42,6 +44,14 @@ class ServerMetrics:
                                "answered", registry=r)
         self.model_info = Gauge("opengem_model_info", "1 for the model version being served",
                                 ["version", "trained_through_ts"], registry=r)
+        self.stage = Histogram("opengem_request_stage_seconds", "Time of each stage of a successful "
+                               "/predict request: read (body), decode (JSON/Arrow), queue (waiting for the "
+                               "model, merging included), score (its batch's score_many), reply (encoding)",
+                               ["stage"], buckets=LATENCY_BUCKETS, registry=r)
+        self.gc_pause = Histogram("opengem_gc_pause_seconds", "Garbage collections of the server process, by "
+                                  "generation (a full collection is generation 2; the one before the heap is "
+                                  "frozen at start-up is counted too)", ["generation"],
+                                  buckets=GC_BUCKETS, registry=r)
         self.swaps = Counter("opengem_model_swaps", "Hot swaps, by result (swapped or refused)", ["result"],
                              registry=r)
 
@@ -55,6 +65,14 @@ class ServerMetrics:
         self.batch_requests.observe(requests)
         self.batch_candidates.observe(candidates)
         self.batch_seconds.observe(seconds)
+
+    def on_gc(self, generation: int, seconds: float) -> None:
+        self.gc_pause.labels(generation=str(generation)).observe(seconds)
+
+    def observe_stages(self, **seconds: float) -> None:
+        """One request's time per stage (keys from ``STAGES``)."""
+        for stage, s in seconds.items():
+            self.stage.labels(stage=stage).observe(s)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -49,6 +49,7 @@ class Predictor:
     trained_through_ts: int | None
     tasks: list[str]
     surfaces: list[str]
+    takes_arrow_tables = True  # a request's candidates may be a pyarrow.Table (an Arrow body, as columns)
 
     def __init__(self, artifact: Artifact, backend: str = "auto",
                  max_candidates: int = DEFAULT_MAX_CANDIDATES) -> None:

@@ -1,8 +1,9 @@
 """``opengem serve``: score HTTP requests with an exported model, or with a training run's newest version.
 
     opengem serve --model DIR|RUN [--port 8000] [--host 127.0.0.1] [--backend auto|eager|export|aoti]
-                  [--max-candidates 1024] [--max-batch-candidates 2048] [--max-wait-us 500]
+                  [--max-candidates 1024] [--max-batch-candidates 8192] [--max-wait-us 500]
                   [--config serve.toml] [--canary requests.json] [--poll-s 2] [--no-hot-swap]
+                  [--cpus LIST] [--no-gc-freeze] [--http auto|httptools|h11] [--loop auto|uvloop|asyncio]
 
 ``--model`` is an export folder (``opengem export``) or a run folder. A run folder that has published
 versions (``opengem train --online`` writes ``RUN/versions/vNNNN``) is served from its newest version
@@ -33,12 +34,21 @@ from opengem.serve.batcher import Scorer
 from opengem.serve.export import export_run
 from opengem.serve.hot_swap import VERSION_DIR, VERSIONS
 from opengem.serve.predictor import Predictor
-from opengem.serve.server import ServeConfig, build_server
+from opengem.serve.runtime import freeze_heap, parse_cpus, pin_process
+from opengem.serve.server import (
+    EVENT_LOOPS,
+    HTTP_PARSERS,
+    ServeConfig,
+    ServeConfigError,
+    build_server,
+    http_stack,
+)
 
 BACKENDS = ("auto", "eager", "export", "aoti")
 # flag -> ServeConfig field, for the settings that are both
 FLAGS = {"host": str, "port": int, "backend": str, "max_candidates": int, "max_batch_candidates": int,
-         "max_wait_us": int, "max_queue": int, "poll_s": float}
+         "max_wait_us": int, "max_queue": int, "poll_s": float, "cpus": str, "gc_freeze": bool, "http": str,
+         "loop": str}
 log = logging.getLogger("opengem.serve")
 
 
@@ -51,7 +61,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default=None, choices=BACKENDS, help="model backend (default auto)")
     p.add_argument("--max-candidates", type=int, default=None, help="per request (default 1024)")
     p.add_argument("--max-batch-candidates", type=int, default=None,
-                   help="per forward pass, over merged requests (default 2048)")
+                   help="per forward pass, over merged requests (default 8192)")
     p.add_argument("--max-wait-us", type=int, default=None,
                    help="how long a batch waits for more requests, in microseconds (default 500)")
     p.add_argument("--max-queue", type=int, default=None, help="requests waiting; more get 503 (default "
@@ -61,6 +71,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="hot swap: JSON list of requests every new version must score sanely (default: the "
                         "last requests served)")
     p.add_argument("--no-hot-swap", action="store_true", help="serve a run's newest version and stop looking")
+    p.add_argument("--cpus", default=None, metavar="LIST",
+                   help="pin the server to these CPUs, e.g. 0 or 0,2 or 1-3 (os.sched_setaffinity; torch "
+                        "threads = their number unless OMP_NUM_THREADS is set)")
+    p.add_argument("--http", default=None, choices=("auto", *HTTP_PARSERS),
+                   help="uvicorn's HTTP parser (default auto: httptools when installed, else h11)")
+    p.add_argument("--loop", default=None, choices=("auto", *EVENT_LOOPS),
+                   help="event loop (default auto: uvloop when installed, else asyncio)")
+    p.add_argument("--no-gc-freeze", dest="gc_freeze", action="store_false", default=None,
+                   help="do not freeze the heap after loading (on by default: without it a full garbage "
+                        "collection of the loaded process stalls a request for ~250 ms every few dozen)")
 
 
 def resolve_config(args: argparse.Namespace) -> ServeConfig:
@@ -86,6 +106,12 @@ def check_config(cfg: ServeConfig) -> None:
         raise UsageError(f"--max-wait-us: must be >= 0 (got {cfg.max_wait_us})")
     if cfg.poll_s <= 0:
         raise UsageError(f"--poll-s: must be > 0 (got {cfg.poll_s})")
+    if cfg.cpus:
+        parse_cpus(cfg.cpus)
+    try:
+        http_stack(cfg.http, cfg.loop)
+    except ServeConfigError as e:
+        raise UsageError(str(e)) from None
 
 
 class PredictorLoader:
@@ -143,7 +169,11 @@ def run(args: argparse.Namespace) -> int:
     log.addHandler(handler)
     log.setLevel(logging.INFO)
     log.propagate = False  # a library that configured the root logger would print every line twice
+    if cfg.cpus:
+        pin_process(parse_cpus(cfg.cpus))
     server = build_server(model_path, cfg, canary, PredictorLoader(cfg.max_candidates),
                           hot_swap=not args.no_hot_swap)
+    if cfg.gc_freeze:
+        freeze_heap()
     server.serve_forever()
     return 0

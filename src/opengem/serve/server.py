@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
+import gc
+import importlib.util
 import logging
 import signal
 import socket
@@ -30,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
@@ -37,11 +39,12 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from opengem.errors import OpengemError
-from opengem.serve import arrow_io
+from opengem.serve import arrow_io, json_codec
 from opengem.serve.batcher import DynamicBatcher, Scorer, ServerBusy
 from opengem.serve.errors import BadRequest
 from opengem.serve.hot_swap import Loader, ModelHolder, RecentRequests, VersionWatcher, published_versions
 from opengem.serve.metrics import ServerMetrics
+from opengem.serve.runtime import GcPauses
 
 log = logging.getLogger("opengem.serve")
 JSON_TYPE = "application/json"
@@ -55,7 +58,7 @@ class ServeConfig:
     port: int = 8000
     backend: str = "auto"  # eager | export | aoti | auto (the Predictor's choice)
     max_candidates: int = 1024  # per request; more is a 413
-    max_batch_candidates: int = 2048  # per forward pass, summed over the merged requests
+    max_batch_candidates: int = 8192  # per forward pass, summed over the merged requests (16 x 512)
     max_wait_us: int = 500  # how long the first request of a batch waits for others
     max_queue: int = 4096  # requests waiting for the model; more is a 503
     max_body_bytes: int = 16 * 1024 * 1024
@@ -63,10 +66,42 @@ class ServeConfig:
     canary_atol: float = 1e-4  # hot swap: eager vs serving backend on the canary requests
     drain_timeout_s: int = 30  # SIGTERM: how long requests in flight may take to finish
     keep_alive_s: int = 75  # an idle keep-alive connection is closed after this (uvicorn's default is 5)
+    cpus: str = ""  # "0" or "0,2" or "1-3": pin the server to these CPUs (os.sched_setaffinity); "" = all
+    gc_freeze: bool = True  # freeze the heap after loading (runtime.freeze_heap): no long GC pauses
+    http: str = "auto"  # auto | httptools | h11: uvicorn's HTTP parser (auto: httptools when installed)
+    loop: str = "auto"  # auto | uvloop | asyncio: the event loop (auto: uvloop when installed)
+
+
+HTTP_PARSERS = ("httptools", "h11")  # fastest first: "auto" takes the first one importable
+EVENT_LOOPS = ("uvloop", "asyncio")
+
+
+def http_stack(http: str = "auto", loop: str = "auto") -> tuple[str, str]:
+    """The (HTTP parser, event loop) uvicorn runs: uvicorn's "standard" extras, httptools (a C parser) and
+    uvloop (libuv), when importable, else the pure-Python h11 and asyncio.
+
+    Why choose here rather than leave uvicorn's own "auto": the choice is then known, so the startup line
+    and /healthz can say what a measurement ran on, and asking for one that is not installed is a one-line
+    error instead of an ImportError inside uvicorn's startup."""
+    return _pick("http", http, HTTP_PARSERS), _pick("loop", loop, EVENT_LOOPS)
+
+
+def _pick(what: str, wanted: str, choices: tuple[str, ...]) -> str:
+    if wanted != "auto" and wanted not in choices:
+        raise ServeConfigError(f"--{what}: one of auto, {', '.join(choices)} (got {wanted!r})")
+    for name in choices if wanted == "auto" else (wanted,):
+        if name == "asyncio" or importlib.util.find_spec(name) is not None:
+            return name
+    raise ServeConfigError(f"--{what} {wanted}: the {wanted} package is not installed (pip install "
+                           f"{wanted}, or --{what} auto)")
 
 
 class ServeError(OpengemError, RuntimeError):
     """Nothing servable: no version of the run loads."""
+
+
+class ServeConfigError(OpengemError, ValueError):
+    """A serve setting that cannot be honoured (an HTTP parser or event loop that is not installed)."""
 
 
 class ClientError(Exception):
@@ -78,10 +113,19 @@ class ClientError(Exception):
 
 
 def check_request(req: Any, max_candidates: int) -> int:
-    """The structural checks every request gets before it is queued; returns its candidate count."""
+    """The structural checks every request gets before it is queued; returns its candidate count.
+    ``candidates`` is a list of objects, or the Arrow table of an Arrow body (its columns are checked by
+    the Predictor)."""
     if not isinstance(req, dict):
         raise ClientError(400, "bad_request", f"request must be a JSON object, got {type(req).__name__}")
     cands = req.get("candidates")
+    if isinstance(cands, pa.Table):
+        if cands.num_rows == 0:
+            raise ClientError(400, "bad_request", "'candidates' is empty: nothing to score")
+        if cands.num_rows > max_candidates:
+            raise ClientError(413, "too_many_candidates", f"{cands.num_rows} candidates > the server's "
+                              f"limit of {max_candidates} per request")
+        return cands.num_rows
     if not isinstance(cands, list):
         raise ClientError(400, "bad_request", "request needs 'candidates': a list of feature objects")
     if not cands:
@@ -111,9 +155,12 @@ class ModelServer:
             watcher.on_swap = self._on_swap
             watcher.on_refuse = lambda number, reason: self.metrics.swaps.labels(result="refused").inc()
         self.metrics.set_model(getattr(model, "version", "?"), getattr(model, "trained_through_ts", None))
+        self._gc_pauses = GcPauses(self.metrics.on_gc)
         c = self.cfg
+        self.http, self.loop = http_stack(c.http, c.loop)
+        self._arriving = 0  # /predict requests received and not yet queued (read on the batcher thread)
         self.batcher = DynamicBatcher(self.holder.current, c.max_batch_candidates, c.max_wait_us, c.max_queue,
-                                      on_batch=self.metrics.on_batch)
+                                      on_batch=self.metrics.on_batch, arriving=lambda: self._arriving)
         self.app = Starlette(routes=[Route("/predict", self.predict, methods=["POST"]),
                                      Route("/healthz", self.healthz, methods=["GET"]),
                                      Route("/metrics", self.metrics_page, methods=["GET"])],
@@ -128,13 +175,22 @@ class ModelServer:
         ctype = request.headers.get("content-type", JSON_TYPE).split(";")[0].strip().lower()
         fmt = "arrow" if ctype == arrow_io.ARROW_STREAM else "json"
         self.metrics.in_flight.inc()
+        self._arriving += 1  # until queued: the batcher waits for more only while some are on the way
+        arriving = True
         try:
             if ctype not in (JSON_TYPE, arrow_io.ARROW_STREAM):
                 raise ClientError(415, "content_type", f"Content-Type {ctype!r} not served; send "
                                   f"{JSON_TYPE} or {arrow_io.ARROW_STREAM}")
-            req = self._decode(await self._read_body(request), fmt)
+            body = await self._read_body(request)
+            t_read = time.perf_counter()
+            req = self._decode(body, fmt, self._takes_tables())
+            t_decoded = time.perf_counter()
             n = check_request(req, self.cfg.max_candidates)
-            reply = await self.batcher.submit(req)
+            ticket = self.batcher.enqueue(req)
+            self._arriving -= 1
+            arriving = False
+            reply = await asyncio.wrap_future(ticket.future)
+            t_scored = time.perf_counter()
             response = self._encode(reply, fmt, request.headers.get("accept", ""))
         except ClientError as e:
             return self._error(fmt, e.status, e.kind, str(e))
@@ -148,18 +204,24 @@ class ModelServer:
             log.exception("predict failed")
             return self._error(fmt, 500, "internal", f"internal error: {type(e).__name__}: {e}")
         finally:
+            if arriving:
+                self._arriving -= 1
             self.metrics.in_flight.dec()
         self.recent.add(req)
+        done = time.perf_counter()
         self.metrics.requests.labels(format=fmt, code="200").inc()
         self.metrics.candidates.observe(n)
-        self.metrics.latency.observe(time.perf_counter() - t0)
+        self.metrics.latency.observe(done - t0)
+        self.metrics.observe_stages(read=t_read - t0, decode=t_decoded - t_read,
+                                    queue=ticket.started - ticket.queued,
+                                    score=ticket.finished - ticket.started, reply=done - t_scored)
         return response
 
     async def healthz(self, request: Request) -> Response:
         model = self.holder.current()
         return JSONResponse({"status": "ok", "version": getattr(model, "version", "?"),
                              "trained_through_ts": getattr(model, "trained_through_ts", None),
-                             "swaps": self.holder.swaps,
+                             "swaps": self.holder.swaps, "http": self.http, "loop": self.loop,
                              "refused_versions": dict(self.watcher.refused) if self.watcher else {}})
 
     async def metrics_page(self, request: Request) -> Response:
@@ -179,13 +241,18 @@ class ModelServer:
             chunks.append(chunk)
         return b"".join(chunks)
 
+    def _takes_tables(self) -> bool:
+        """Whether the served model scores an Arrow body's candidates as a table (the Predictor does;
+        a model that does not gets ``{feature: value}`` rows)."""
+        return bool(getattr(self.holder.current(), "takes_arrow_tables", False))
+
     @staticmethod
-    def _decode(body: bytes, fmt: str) -> Any:
+    def _decode(body: bytes, fmt: str, tables: bool = False) -> Any:
         if fmt == "arrow":
-            return arrow_io.decode_request(body)
+            return arrow_io.decode_request(body, tables=tables)
         try:
-            return json.loads(body, parse_constant=_refuse_constant)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            return json_codec.loads(body)
+        except (ValueError, UnicodeDecodeError) as e:  # json.JSONDecodeError and orjson's are ValueErrors
             raise ClientError(400, "malformed", f"body is not JSON ({_one_line(e)})") from None
         except RecursionError:
             raise ClientError(400, "malformed", "body is JSON nested too deeply") from None
@@ -194,7 +261,7 @@ class ModelServer:
     def _encode(reply: dict[str, Any], fmt: str, accept: str) -> Response:
         if fmt == "arrow" and arrow_io.ARROW_STREAM in accept:
             return Response(arrow_io.encode_reply(reply), media_type=arrow_io.ARROW_STREAM)
-        return JSONResponse(reply)  # refuses NaN (allow_nan=False): a 500, never invalid JSON
+        return Response(json_codec.dumps(reply), media_type=JSON_TYPE)  # a NaN score: a 500, never "null"
 
     def _error(self, fmt: str, status: int, kind: str, message: str) -> Response:
         self.metrics.requests.labels(format=fmt, code=str(status)).inc()
@@ -202,6 +269,8 @@ class ModelServer:
         return JSONResponse({"error": _one_line(message)}, status_code=status)
 
     def _on_swap(self, model: Scorer) -> None:
+        if self.cfg.gc_freeze:
+            gc.freeze()  # the new version's objects join the permanent generation (runtime.freeze_heap)
         self.metrics.set_model(getattr(model, "version", "?"), getattr(model, "trained_through_ts", None))
         self.metrics.swaps.labels(result="swapped").inc()
 
@@ -214,6 +283,7 @@ class ModelServer:
         if self.watcher is not None:
             await asyncio.to_thread(self.watcher.stop)
         await asyncio.to_thread(self.batcher.close, self.cfg.drain_timeout_s)
+        self._gc_pauses.close()
 
     # ------------------------------------------------------------------ running
     def _make_uvicorn(self) -> tuple[uvicorn.Server, socket.socket]:
@@ -225,7 +295,7 @@ class ModelServer:
         sock.bind((self.cfg.host, self.cfg.port))
         config = uvicorn.Config(self.app, log_level="warning", access_log=False, lifespan="on",
                                 timeout_graceful_shutdown=self.cfg.drain_timeout_s, backlog=2048,
-                                timeout_keep_alive=self.cfg.keep_alive_s)
+                                timeout_keep_alive=self.cfg.keep_alive_s, http=self.http, loop=self.loop)
         self._uvicorn = uvicorn.Server(config)
         return self._uvicorn, sock
 
@@ -241,8 +311,8 @@ class ModelServer:
         """
         server, sock = self._make_uvicorn()
         self._port = sock.getsockname()[1]
-        log.warning("opengem serve: listening on http://%s:%d (model %s)", self.cfg.host, self._port,
-                    getattr(self.holder.current(), "version", "?"))
+        log.warning("opengem serve: listening on http://%s:%d (model %s; http %s, loop %s)", self.cfg.host,
+                    self._port, getattr(self.holder.current(), "version", "?"), self.http, self.loop)
         previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
         try:
             server.run(sockets=[sock])
@@ -297,11 +367,6 @@ def build_server(model_path: Path, cfg: ServeConfig, canary: list[dict[str, Any]
         watcher = VersionWatcher(model_path, holder, loader, cfg.backend, cfg.poll_s, canary, recent,
                                  cfg.canary_atol)
     return ModelServer(model, cfg, watcher=watcher, holder=holder, recent=recent)
-
-
-def _refuse_constant(name: str) -> Any:
-    """NaN and Infinity are not JSON (Python's json reads them): a client sending one has a bug."""
-    raise ClientError(400, "malformed", f"body is not JSON: {name} is not a JSON number")
 
 
 def _one_line(e: BaseException | str) -> str:

@@ -77,6 +77,20 @@ def list_versions(run: str | Path) -> list[FMVersion]:
     return sorted(out, key=lambda v: (v.trained_through_ts, v.version))
 
 
+def read_version(run: str | Path, version: int) -> FMVersion:
+    """One published version of ``run`` from its own manifest only: a damaged manifest of *another*
+    version does not make this one unreadable (hot swap and ``opengem export RUN@N`` load one version;
+    a VersionError names the manifest when it is this version's that is damaged or missing)."""
+    d = version_dir(run, version)
+    m = d / "manifest.json"
+    if not m.is_file():
+        raise VersionError(f"{run}: no published version {version} (no {m})")
+    v = _read_version(d, m)
+    if v.version != version:
+        raise VersionError(f"{m}: says version {v.version}, its folder is {d.name}")
+    return v
+
+
 def _read_version(d: Path, m: Path) -> FMVersion:
     """One version from its manifest; a manifest that is not what we write is refused, naming it (it decides
     which checkpoint labels which example, so it is never guessed at)."""
