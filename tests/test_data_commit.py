@@ -62,7 +62,10 @@ def _simulate_until_second_day(tmp_path: Path, out: Path) -> subprocess.Popen:
     """Start `opengem simulate` in a subprocess and return once day 0 is finished (day 1 has begun)."""
     cmd = [sys.executable, "-m", "opengem.cli", "simulate", "--out", str(out), "--rows", "120000",
            "--days", "6", "--users", "2000", "--ads", "2000", "--chunk-rows", "2000", "--quiet"]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    # a suite started in the background (`make test &`) inherits SIGINT ignored, and Python keeps it ignored:
+    # give the child the default disposition so that Ctrl-C reaches it as it would from a terminal
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     while not any(tmp_path.rglob("day=001/*.parquet")):
         assert proc.poll() is None, proc.communicate()

@@ -51,3 +51,15 @@ def test_demo_config_refuses_bad_values():
         load_demo_config(None, ['baselines=["nope"]'])
     with pytest.raises(ConfigError, match="> 0"):
         load_demo_config(None, ["lr.gem=0"])
+
+
+@pytest.mark.slow
+def test_demo_gem_has_the_best_pooled_ne_on_seed_0(tmp_path):
+    """Issue 14's promise as a newcomer sees it: `make demo` (its own recipe, equal training FLOPs, every
+    family at its own tuned rate), seed 0 -- GEM's pooled NE is the best of the three on both tasks."""
+    assert main(["--out", str(tmp_path), "train.progress=false"]) == 0
+    ne = {m: json.loads((tmp_path / m / "eval.json").read_text())["metrics"]
+          for m in ("gem", "dlrm", "dcnv2")}
+    for task in ("all/click", "all/conversion"):
+        others = {m: ne[m][task]["ne"] for m in ("dlrm", "dcnv2")}
+        assert ne["gem"][task]["ne"] < min(others.values()), (task, ne["gem"][task]["ne"], others)
