@@ -26,21 +26,21 @@ their own. So a saved state resumes exactly once under any worker count and any 
 counts come back the same way.
 
 Row mixing (``shuffle_window`` W >= 2). A row group is a contiguous slice of time, so reading units one
-after another makes consecutive batches correlated. With W >= 2 each stream (one rank's, one worker's
-units after the dealing above) is cut into consecutive windows of W units, and the rows of a window are
+after another makes consecutive batches correlated. With W >= 2 each stream (one rank's, one worker's units
+after the dealing above) is cut into consecutive windows of W units, and the rows of a window are
 interleaved: the sequence of unit labels, each unit repeated ``num_rows`` times, is permuted by
 ``np.random.default_rng([seed, epoch, crc32(the window's unit keys)])`` (keys naming each file by its
-partition folder and file name only, so the order does not depend on where the dataset lies) and position i of the window
-takes the next row of unit ``labels[i]``, in file order. Each unit is still read lazily in pieces of
-``read_rows`` (memory: about W pieces plus a batch), bad rows are dropped after checking as before, and
-an offset still counts the rows read from its unit, so "rows 0..k of unit u" stays valid: after any
-batch the offsets of a window are the label counts of a prefix of its sequence. A resume recomputes the
+partition folder and file name only, so the order does not depend on where the dataset lies) and position i
+of the window takes the next row of unit ``labels[i]``, in file order. Each unit is still read lazily in
+pieces of ``read_rows`` (memory: about W pieces plus a batch), bad rows are dropped after checking as
+before, and an offset still counts the rows read from its unit, so "rows 0..k of unit u" stays valid: after
+any batch the offsets of a window are the label counts of a prefix of its sequence. A resume recomputes the
 sequence, skips sum(offsets) positions and checks that the prefix counts equal the offsets; it raises a
-ValueError naming the unit when they do not (a state saved with another shuffle_window, seed or unit
-order). The windows depend on the number of streams (world size x workers): when a state comes from
-another number of streams (e.g. two ranks merged and resumed by one), a window whose offsets are not a
-prefix of its sequence reads its units' remaining rows unit after unit instead (exactly once, unmixed,
-for that epoch's few such windows); ``state_dict()`` records this so that later resumes accept it too.
+ValueError naming the unit when they do not (a state saved with another shuffle_window, seed or unit order).
+The windows depend on the number of streams (world size x workers): when a state comes from another number
+of streams (e.g. two ranks merged and resumed by one), a window whose offsets are not a prefix of its
+sequence reads its units' remaining rows unit after unit instead (exactly once, unmixed, for that epoch's
+few such windows); ``state_dict()`` records this so that later resumes accept it too.
 """
 
 from __future__ import annotations
