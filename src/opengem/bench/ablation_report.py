@@ -16,7 +16,6 @@ ranking itself is: a proxy cannot be expected to agree with it better than it ag
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 from pathlib import Path
@@ -25,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from opengem.bench.fit import percentile_interval, spearman
-from opengem.bench.isoflop_report import json_safe
+from opengem.bench.isoflop_report import json_safe, write_rows_csv
 from opengem.metrics import EPS
 
 TARGET_RHO = 0.8  # issue 14: the proxy must rank the configurations like the full runs
@@ -269,9 +268,5 @@ def write_ablation_outputs(out: Path, records: list[dict[str, Any]], result: dic
         for k, m in sorted((r["test"] or {}).items()):
             row[f"test_ne[{k}]"] = m.get("ne")
         flat.append(row)
-    cols = list(dict.fromkeys(k for r in flat for k in r))
-    with open(out / "ablation_runs.csv", "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=cols)
-        w.writeheader()
-        w.writerows(flat)
+    write_rows_csv(out / "ablation_runs.csv", flat)
     (out / "ablation.json").write_text(json.dumps(json_safe(result), indent=2, allow_nan=False))

@@ -271,6 +271,15 @@ def format_study(res: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def write_rows_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    """One CSV row per dict; the columns are every key in first-seen order (a key a row lacks is empty)."""
+    cols = list(dict.fromkeys(k for r in rows for k in r))
+    with open(path, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=cols)
+        w.writeheader()
+        w.writerows(rows)
+
+
 def write_study_outputs(out: Path, records: list[dict[str, Any]], result: dict[str, Any]) -> None:
     """OUT/isoflop.json (the summary), OUT/isoflop_runs.csv (one row per run), OUT/isoflop.png."""
     from opengem.bench.scaling_plot import plot_isoflop
@@ -283,10 +292,6 @@ def write_study_outputs(out: Path, records: list[dict[str, Any]], result: dict[s
             row[f"test_ne[{k}]"] = m.get("ne")
             row[f"test_cal[{k}]"] = m.get("calibration")
         flat.append(row)
-    cols = list(dict.fromkeys(k for r in flat for k in r))
-    with open(out / "isoflop_runs.csv", "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=cols)
-        w.writeheader()
-        w.writerows(flat)
+    write_rows_csv(out / "isoflop_runs.csv", flat)
     (out / "isoflop.json").write_text(json.dumps(json_safe(result), indent=2, allow_nan=False))
     plot_isoflop(result, records, out / "isoflop.png")
