@@ -9,16 +9,13 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
 from opengem.ops import attention, flop_formulas
+from twin_helpers import rand
 
 H, DH = 2, 4
 ATOL = 1e-5
 
 # key lengths per row: empty rows, an all-padding batch, a full row, a batch of none
 LENGTHS = [[3, 0, 5, 1], [0, 0], [6], []]
-
-
-def _rand(*shape: int, seed: int) -> torch.Tensor:
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
 
 
 def _mask(lengths: list[int], L: int) -> torch.Tensor:
@@ -31,7 +28,7 @@ def _grads(fn, *inputs: torch.Tensor, seed: int = 9) -> tuple[torch.Tensor, list
     out = fn(*leaves)
     out = out[0] if isinstance(out, tuple) else out
     if out.requires_grad:
-        (out * _rand(*out.shape, seed=seed)).sum().backward()
+        (out * rand(*out.shape, seed=seed)).sum().backward()
     return out.detach(), [x.grad if x.grad is not None else torch.zeros_like(x) for x in leaves]
 
 
@@ -60,7 +57,7 @@ def _ref_masked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.T
 @pytest.mark.parametrize("lq", [1, 3])
 def test_masked_attention_forward_and_backward(lengths, lq):
     B, L = len(lengths), 6
-    q, k, v = _rand(B, H, lq, DH, seed=0), _rand(B, H, L, DH, seed=1), _rand(B, H, L, DH, seed=2)
+    q, k, v = rand(B, H, lq, DH, seed=0), rand(B, H, L, DH, seed=1), rand(B, H, L, DH, seed=2)
     mask = _mask(lengths, L)
     out, grads = _grads(lambda a, b, c: attention.masked_attention(a, b, c, mask), q, k, v)
     ref, ref_grads = _grads(lambda a, b, c: _ref_masked(a, b, c, mask), q, k, v)
@@ -73,14 +70,14 @@ def test_masked_attention_forward_and_backward(lengths, lq):
 
 
 def test_masked_attention_without_mask_uses_every_key():
-    q, k, v = _rand(2, H, 3, DH, seed=0), _rand(2, H, 5, DH, seed=1), _rand(2, H, 5, DH, seed=2)
+    q, k, v = rand(2, H, 3, DH, seed=0), rand(2, H, 5, DH, seed=1), rand(2, H, 5, DH, seed=2)
     _close(attention.masked_attention(q, k, v), _ref_masked(q, k, v, None))
 
 
 @pytest.mark.parametrize("lengths", LENGTHS)
 def test_pooled_attention_forward_backward_and_valid_mask(lengths):
     B, L, M = len(lengths), 6, 3
-    q, k, v = _rand(B, H, M, DH, seed=3), _rand(B, H, L, DH, seed=4), _rand(B, H, L, DH, seed=5)
+    q, k, v = rand(B, H, M, DH, seed=3), rand(B, H, L, DH, seed=4), rand(B, H, L, DH, seed=5)
     mask = _mask(lengths, L)
     out, grads = _grads(lambda a, b, c: attention.pooled_attention(a, b, c, mask), q, k, v)
     ref, ref_grads = _grads(lambda a, b, c: _ref_masked(a, b, c, mask), q, k, v)
@@ -96,7 +93,7 @@ def test_pooled_attention_forward_backward_and_valid_mask(lengths):
 @pytest.mark.parametrize("lengths", LENGTHS)
 def test_jagged_attention_forward_and_backward(lengths):
     n = sum(lengths)
-    q, k, v = _rand(n, H, DH, seed=6), _rand(n, H, DH, seed=7), _rand(n, H, DH, seed=8)
+    q, k, v = rand(n, H, DH, seed=6), rand(n, H, DH, seed=7), rand(n, H, DH, seed=8)
     lt = torch.tensor(lengths, dtype=torch.long)
 
     def ref(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
@@ -122,7 +119,7 @@ def test_jagged_attention_forward_and_backward(lengths):
 @pytest.mark.parametrize("dh", [4, 5])
 def test_rope_forward_and_backward_against_pairwise_rotation(dh):
     base = 100.0
-    x = _rand(2, H, 5, dh, seed=10)
+    x = rand(2, H, 5, dh, seed=10)
     pos = torch.tensor([0, 1, 2, 7, 30])
 
     def ref(t: torch.Tensor) -> torch.Tensor:
@@ -158,8 +155,8 @@ def test_flop_formulas_count_attention_in_a_scoped_counter_only():
     formulas = flop_formulas()
     assert formulas == attention.flop_formulas() and formulas is not flop_formulas()  # fresh dict each call
     B, Lq, Lk = 2, 3, 5
-    q = _rand(B, H, Lq, DH, seed=0).requires_grad_(True)
-    k, v = _rand(B, H, Lk, DH, seed=1), _rand(B, H, Lk, DH, seed=2)
+    q = rand(B, H, Lq, DH, seed=0).requires_grad_(True)
+    k, v = rand(B, H, Lk, DH, seed=1), rand(B, H, Lk, DH, seed=2)
     mask = _mask([5, 2], Lk)
     forward = sdpa_flop_count((B, H, Lq, DH), (B, H, Lk, DH), (B, H, Lk, DH))
     with FlopCounterMode(display=False, custom_mapping=formulas) as counter:

@@ -13,19 +13,9 @@ import torch
 from opengem.model.sequence import use_kernel
 from opengem.model.wukong import WukongConfig, WukongLayer
 from opengem.ops import fmb as fmb_ops
+from twin_helpers import rand, run_fwd_bwd
 
 ATOL, RTOL = 2e-5, 1e-4
-
-
-def _rand(*shape: int, seed: int) -> torch.Tensor:
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
-
-
-def _run(fn, inputs: list, seed: int = 7) -> tuple[torch.Tensor, list]:  # noqa: ANN001
-    leaves = [None if x is None else x.detach().clone().requires_grad_(True) for x in inputs]
-    out = fn(*leaves)
-    (out * _rand(*out.shape, seed=seed)).sum().backward()
-    return out.detach(), [None if x is None else x.grad for x in leaves]
 
 
 def _same(ref: tuple, fused: tuple) -> None:
@@ -39,7 +29,7 @@ def _same(ref: tuple, fused: tuple) -> None:
 
 
 def _tokens(B: int, n: int, d: int, zero_rows: tuple[int, ...] = ()) -> torch.Tensor:
-    x = _rand(B, n, d, seed=B * 100 + n)
+    x = rand(B, n, d, seed=B * 100 + n)
     for r in zero_rows:
         x[r] = 0.0
     return x
@@ -57,18 +47,18 @@ FMB_CASES = [
 @pytest.mark.parametrize("B,n,d,k,dims,zero_rows,per_example", FMB_CASES)
 def test_fused_fmb_matches_reference_forward_and_backward(B, n, d, k, dims, zero_rows, per_example):
     x = _tokens(B, n, d, zero_rows)
-    y = _rand(B, n, k, seed=3) if per_example else _rand(n, k, seed=3)
+    y = rand(B, n, k, seed=3) if per_example else rand(n, k, seed=3)
     widths = [n * k, *dims]
-    ws = [_rand(o, i, seed=10 + j) / i**0.5 for j, (i, o) in enumerate(zip(widths[:-1], widths[1:]))]
-    bs = [_rand(o, seed=20 + j) for j, o in enumerate(widths[1:])]
-    ln_w, ln_b = 1 + 0.1 * _rand(n * k, seed=4), 0.1 * _rand(n * k, seed=5)
+    ws = [rand(o, i, seed=10 + j) / i**0.5 for j, (i, o) in enumerate(zip(widths[:-1], widths[1:]))]
+    bs = [rand(o, seed=20 + j) for j, o in enumerate(widths[1:])]
+    ln_w, ln_b = 1 + 0.1 * rand(n * k, seed=4), 0.1 * rand(n * k, seed=5)
     L = len(ws)
 
     def call(kernel: str):  # noqa: ANN202
         return lambda x, y, lw, lb, *wb: fmb_ops.fmb(x, y, lw, lb, list(wb[:L]), list(wb[L:]), kernel=kernel)
 
     inputs = [x, y, ln_w, ln_b, *ws, *bs]
-    _same(_run(call("pytorch"), inputs), _run(call("fused"), inputs))
+    _same(run_fwd_bwd(call("pytorch"), inputs), run_fwd_bwd(call("fused"), inputs))
 
 
 @pytest.mark.parametrize("B,n,d,n_fm,n_lin,residual_map,zero_rows", [
@@ -80,16 +70,16 @@ def test_fused_fmb_matches_reference_forward_and_backward(B, n, d, k, dims, zero
 ])
 def test_fused_combine_matches_reference_forward_and_backward(B, n, d, n_fm, n_lin, residual_map, zero_rows):
     x = _tokens(B, n, d, zero_rows)
-    f = _rand(B, n_fm, d, seed=6)
-    w_lin = _rand(n_lin, n, seed=7)
-    w_res = _rand(n_fm + n_lin, n, seed=8) if residual_map else None
-    ln_w, ln_b = 1 + 0.1 * _rand(d, seed=9), 0.1 * _rand(d, seed=10)
+    f = rand(B, n_fm, d, seed=6)
+    w_lin = rand(n_lin, n, seed=7)
+    w_res = rand(n_fm + n_lin, n, seed=8) if residual_map else None
+    ln_w, ln_b = 1 + 0.1 * rand(d, seed=9), 0.1 * rand(d, seed=10)
 
     def call(kernel: str):  # noqa: ANN202
         return lambda f, x, wl, wr, lw, lb: fmb_ops.combine(f, x, wl, wr, lw, lb, kernel=kernel)
 
     inputs = [f, x, w_lin, w_res, ln_w, ln_b]
-    _same(_run(call("pytorch"), inputs), _run(call("fused"), inputs))
+    _same(run_fwd_bwd(call("pytorch"), inputs), run_fwd_bwd(call("fused"), inputs))
 
 
 def test_combine_rejects_identity_residual_of_the_wrong_size():
@@ -118,7 +108,7 @@ def test_wukong_layer_same_numbers_under_both_kernels(attentive):
     for kernel in ("pytorch", "fused"):
         use_kernel(layer, kernel)
         layer.zero_grad()
-        out, (gx,) = _run(layer, [x])
+        out, (gx,) = run_fwd_bwd(layer, [x])
         results.append((out, [gx, *(p.grad.clone() for p in layer.parameters())]))
     _same(*results)
 

@@ -12,20 +12,9 @@ import torch
 
 from opengem.ops import attention
 from opengem.ops.kernel import Kernel, resolve_kernel
+from twin_helpers import rand, run_fwd_bwd
 
 ATOL, RTOL = 1e-5, 1e-4
-
-
-def _rand(*shape: int, seed: int) -> torch.Tensor:
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
-
-
-def _run(fn, inputs: list, seed: int = 7) -> tuple[torch.Tensor, list]:  # noqa: ANN001
-    """Output and the gradient of every tensor input under a random upstream gradient."""
-    leaves = [None if x is None else x.detach().clone().requires_grad_(True) for x in inputs]
-    out = fn(*leaves)
-    (out * _rand(*out.shape, seed=seed)).sum().backward()
-    return out.detach(), [None if x is None else x.grad for x in leaves]
 
 
 def _same(ref: tuple, fused: tuple) -> None:
@@ -54,21 +43,22 @@ ROPE_CASES = [
 
 @pytest.mark.parametrize("shape,pos", ROPE_CASES)
 def test_fused_rope_matches_reference_forward_and_backward(shape, pos):
-    x = _rand(*shape, seed=1)
-    ref = _run(lambda t: attention.rope(t, pos(), 100.0), [x])
-    fused = _run(lambda t: attention.rope(t, pos(), 100.0, kernel="fused"), [x])
+    x = rand(*shape, seed=1)
+    ref = run_fwd_bwd(lambda t: attention.rope(t, pos(), 100.0), [x])
+    fused = run_fwd_bwd(lambda t: attention.rope(t, pos(), 100.0, kernel="fused"), [x])
     _same(ref, fused)
 
 
 def test_fused_rope_accepts_strided_views():
     """The model hands transposed views; the fused kernel makes them contiguous itself."""
-    x = _rand(4, 6, 2, 8, seed=2).transpose(1, 2)  # head-major view of a token-major tensor
-    _same(_run(lambda t: attention.rope(t.transpose(1, 2), torch.arange(6)[:, None]), [x]),
-          _run(lambda t: attention.rope(t.transpose(1, 2), torch.arange(6)[:, None], kernel="fused"), [x]))
+    x = rand(4, 6, 2, 8, seed=2).transpose(1, 2)  # head-major view of a token-major tensor
+    pos = torch.arange(6)[:, None]
+    _same(run_fwd_bwd(lambda t: attention.rope(t.transpose(1, 2), pos), [x]),
+          run_fwd_bwd(lambda t: attention.rope(t.transpose(1, 2), pos, kernel="fused"), [x]))
 
 
 def test_only_ops_with_a_fused_twin_accept_it():
     assert resolve_kernel("fused", (Kernel.PYTORCH, Kernel.FUSED)) is Kernel.FUSED
-    q = _rand(2, 1, 3, 4, seed=9)
+    q = rand(2, 1, 3, 4, seed=9)
     with pytest.raises(ValueError, match="kernel 'fused' is not one of: pytorch$"):
         attention.masked_attention(q, q, q, None, kernel="fused")
