@@ -9,9 +9,11 @@
 # artifact also carries the torch.export program, so one folder serves all three backends), 5. runs
 # `opengem bench serve`: backends eager,export,aoti x candidates 1,64,512 x clients 1,4,16, then the swap
 # of 5 successive versions under load (AOTI), and 6. the same 512-candidate cells with Arrow bodies;
-# first, the in-process stage timings (`bench serve --in-process`: decode, encode, forward, score_many).
-# Results: DIR/serve_vm_stages.{json,txt}, DIR/serve_vm.{json,txt}, DIR/serve_vm_arrow.{json,txt},
-# with `uptime` before and after.
+# first, the in-process stage timings (`bench serve --in-process`: decode, encode, forward, score_many),
+# last, where one client's request time goes (benchmarks/serve_vm_probe.py: the server's CPU and stages
+# against an echo app on the same HTTP stack). Results: DIR/serve_vm_stages.{json,txt},
+# DIR/serve_vm.{json,txt}, DIR/serve_vm_arrow.{json,txt}, DIR/serve_vm_probe.{json,txt}, with `uptime`
+# before and after.
 # The server is pinned to one CPU and the clients to the others (bench serve's default with >= 2 CPUs);
 # the server runs 1 torch thread. Steps 1-4 are skipped when their output exists (rerun = just measure).
 # --smoke: a few requests per cell, 1 swap version: checks the script end to end, measures nothing.
@@ -86,6 +88,8 @@ echo "uptime before: $(uptime)" | tee "$OUT/uptime.txt"
 "$PY" -m opengem.cli bench serve --model "$W/vm-export" --data "$W/vmdata" --backends eager,aoti \
   --candidates 512 --clients 1,16 --requests "$REQUESTS" --duration "$DURATION" --swap-versions 0 \
   --server-threads 1 --body arrow --out "$OUT/serve_vm_arrow.json" | tee "$OUT/serve_vm_arrow.txt"
+"$PY" benchmarks/serve_vm_probe.py --model "$W/vm-export" --data "$W/vmdata" --backend aoti \
+  --requests "$((REQUESTS < 300 ? REQUESTS : 300))" --out "$OUT/serve_vm_probe.json" | tee "$OUT/serve_vm_probe.txt"
 echo "uptime after: $(uptime)" | tee -a "$OUT/uptime.txt"
 [ "$SMOKE" = 1 ] && echo "serve_vm.sh: smoke run (few requests per cell): these numbers are not measurements"
 exit 0

@@ -68,6 +68,8 @@ def rows_of_one_surface(path: Path, schema, n: int, tmp: Path) -> tuple[list[dic
     """The first ``n`` rows of surface 0 as raw dicts, and the same rows as a Parquet file for the loader."""
     table = pq.read_table(Dataset(path).files("@all")[0])
     table = table.filter(pa.compute.equal(table[schema.surface_column], 0)).slice(0, n)
+    i = table.schema.get_field_index(schema.time_column)  # one request is one moment: the schema's time
+    table = table.set_column(i, table.schema.field(i), pa.array([table[i][0].as_py()] * n, pa.int64()))
     f = tmp / "rows.parquet"
     pq.write_table(table, f)
     return table.to_pylist(), f
@@ -75,7 +77,7 @@ def rows_of_one_surface(path: Path, schema, n: int, tmp: Path) -> tuple[list[dic
 
 def request_of(rows: list[dict], schema, context: tuple[str, ...] = ()) -> dict:
     feats = schema.feature_columns()
-    return {"surface": schema.surfaces[0],
+    return {"surface": schema.surfaces[0], "ts": rows[0][schema.time_column],  # the rows' time (features)
             "context": {k: rows[0][k] for k in context},
             "candidates": [{k: r[k] for k in feats if k not in context} for r in rows]}
 
@@ -295,7 +297,7 @@ def test_json_fast_path_slow_path_and_arrow_table_give_the_same_batch(which, fm,
         for k, v in c.items():
             c[k] = tuple(v) if isinstance(v, list) else (np.int64(v) if isinstance(v, int) else v)
     slow, _ = p.encode([slow_req])
-    table_req = arrow_io.decode_request(arrow_io.encode_request(req), tables=True)
+    table_req = {**arrow_io.decode_request(arrow_io.encode_request(req), tables=True), "ts": req["ts"]}
     assert isinstance(table_req["candidates"], pa.Table)
     table, _ = p.encode([table_req])
     loader = next(iter(ParquetLoader([f], p.schema, 9, drop_last=False)))
@@ -327,7 +329,8 @@ def test_arrow_table_candidates_refuse_in_one_line_naming_the_feature(vm, tmp_pa
     assert "missing feature 'bid'" in refused(base.drop_columns(["bid"]))
     # in a batch: an Arrow table of other (castable) types merges with a JSON request; a bad one is named
     json_req = request_of(rows, p.schema)
-    int32 = {"surface": 0, "candidates": base.set_column(i, "ad_id", base.column("ad_id").cast(pa.int32()))}
+    int32 = {"surface": 0, "ts": json_req["ts"],
+             "candidates": base.set_column(i, "ad_id", base.column("ad_id").cast(pa.int32()))}
     a, b = (r["scores"][p.tasks[0]] for r in p.score_many([int32, json_req]))
     assert np.allclose(a, b, atol=1e-6)
     with pytest.raises(BadRequest, match=r"^request 1: feature 'ad_id'"):
@@ -346,3 +349,63 @@ def test_a_bad_row_in_a_batch_is_named_by_request_and_candidate(fm, tmp_path):
     with pytest.raises(BadRequest, match=r"^candidate 1: feature 'user_id'"):
         p.score(bad)
     assert [len(r["scores"][p.tasks[0]]) for r in p.score_many([good, good])] == [3, 3]
+
+
+def _merged_path_spy(p, monkeypatch) -> list[bool]:
+    """Record whether each encode took the merged Arrow path (the encoder's fast path for Arrow bodies)."""
+    taken: list[bool] = []
+    merged = p.encoder._merged_arrow
+
+    def spy(requests):
+        out = merged(requests)
+        taken.append(out is not None)
+        return out
+
+    monkeypatch.setattr(p.encoder, "_merged_arrow", spy)
+    return taken
+
+
+def test_arrow_requests_merge_into_one_table_as_the_per_request_path_would(vm, tmp_path, monkeypatch):
+    """Arrow bodies of one schema are concatenated into ONE table and checked once (what dynamic batching
+    merges); the Batch is the per-request path's, bit for bit (surfaces, times and candidate counts
+    differing per request), and a refusal still names the request and the candidate."""
+    p, path = vm
+    rows, _ = rows_of_one_surface(path, p.schema, 12, tmp_path)
+    cands = request_of(rows, p.schema)["candidates"]
+    reqs = [{"surface": p.schema.surfaces[s], "ts": 1_700_000_000 + 5_000 * i,
+             "candidates": pa.Table.from_pylist(cands[a:b])}
+            for i, (a, b, s) in enumerate([(0, 5, 0), (5, 6, 1), (6, 12, 0)])]
+    taken = _merged_path_spy(p, monkeypatch)
+    merged, counts = p.encode(reqs)
+    assert taken == [True] and counts == [5, 1, 6]
+    monkeypatch.setattr(p.encoder, "_merged_arrow", lambda requests: None)
+    alone, alone_counts = p.encode(reqs)
+    _same_batch(merged, alone)
+    assert alone_counts == counts
+    for name in ("ts", "example_id", "surface"):
+        assert torch.equal(getattr(merged, name), getattr(alone, name))
+    assert merged.ts.tolist() == [r["ts"] for r, n in zip(reqs, counts) for _ in range(n)]
+    assert merged.surface.tolist() == [0] * 5 + [1] + [0] * 6
+    for g in merged.sequences:
+        for f in merged.sequences[g].dense:
+            assert torch.equal(merged.sequences[g].dense[f], alone.sequences[g].dense[f])
+
+
+def test_merged_arrow_path_refuses_naming_request_and_candidate(vm, tmp_path, monkeypatch):
+    p, path = vm
+    rows, _ = rows_of_one_surface(path, p.schema, 6, tmp_path)
+    table = pa.Table.from_pylist(request_of(rows, p.schema)["candidates"])
+    i = table.schema.get_field_index("bid")
+    nan_bid = table.set_column(i, "bid", pa.array([1.0, 2.0, 3.0, math.nan, 5.0, 6.0]))  # on_nan "error"
+    taken = _merged_path_spy(p, monkeypatch)
+    with pytest.raises(BadRequest, match=r"^request 2: candidate 3: feature 'bid'"):
+        p.score_many([{"surface": 0, "candidates": t} for t in (table, table, nan_bid)])
+    assert taken == [True]
+    # what the merged path does not take (a null cell, a context) goes request by request, named as before
+    holed = table.set_column(i, "bid", pa.array([1.0, None, 3.0, 4.0, 5.0, 6.0]))
+    with pytest.raises(BadRequest, match=r"^request 1: candidate 1: missing feature 'bid'"):
+        p.score_many([{"surface": 0, "candidates": t} for t in (table, holed)])
+    with pytest.raises(BadRequest, match=r"^request 0: .*'bid'.*once"):
+        p.score_many([{"surface": 0, "context": {"bid": 1.0}, "candidates": table},
+                      {"surface": 0, "candidates": table}])
+    assert taken[1:] == [False, False]

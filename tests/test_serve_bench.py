@@ -114,3 +114,17 @@ def test_bench_serve_command_line_refuses_bad_backends(capsys) -> None:  # type:
     assert rc == 2
     assert one_error_line(err, "bench") == (
         "opengem bench: error: --backends: from eager, export, aoti, auto; got 'eager,turbo'")
+
+
+def test_merged_overhead_is_score_many_minus_forward_per_backend() -> None:
+    """The in-process table ends with E (score_many of the merged Arrow requests minus their forward
+    pass): the number issue 16's 2x target hangs on; a backend without both stages gets no line."""
+    def stage(backend: str, name: str, ms: float) -> dict:
+        return {"backend": backend, "candidates": 512, "stage": name, "cpu_p50_ms": ms}
+
+    stages = [stage("aoti", "forward 16 requests", 13.0),
+              stage("aoti", "score_many 16 requests (arrow tables)", 20.5),
+              stage("aoti", "score_many 16 requests (json objects)", 60.0),
+              stage("eager", "forward 16 requests", 29.0)]
+    assert serve_bench.merged_overheads({"merged": 16, "stages": stages}) == [
+        "aoti 512 cands: E = score_many - forward of 16 Arrow requests = 7.500 ms CPU (forward 13.000)"]

@@ -107,3 +107,43 @@ def test_an_unknown_key_in_place_of_a_wanted_one_is_named(schema) -> None:  # ty
     req["candidates"][1] = {"ad_id": 4, "ad_category": 1}
     with pytest.raises(BadRequest, match="candidate 1: missing feature 'ad_quality'"):
         enc.batch([req])
+
+
+@pytest.mark.parametrize("max_len", [1, 3, 20])
+def test_truncation_keeps_the_newest_events_of_every_field(max_len: int) -> None:
+    """A group's truncation builds its mask once for fields sharing their lengths (a [rows, max_len]
+    grid for a short max_len, a mask over the events for a long one); a field with other lengths gets
+    its own. Either way each row keeps its last ``max_len`` events, as a per-row slice does."""
+    from opengem.data.parquet import _truncate
+
+    rng = np.random.default_rng(max_len)
+    ln = rng.integers(0, 12, 200).astype(np.int64)
+    other = rng.integers(0, 12, 200).astype(np.int64)
+    values = {"a": (ln, rng.integers(0, 99, ln.sum())), "b": (ln.copy(), rng.random(ln.sum())),
+              "c": (other, rng.integers(0, 99, other.sum()))}
+    out = _truncate(values, max_len)
+    for name, (lengths, v) in values.items():
+        starts = np.concatenate([[0], np.cumsum(lengths)])
+        newest = [v[starts[i]:starts[i + 1]][-max_len:] for i in range(len(lengths)) if lengths[i]]
+        assert np.array_equal(out[name][0], np.minimum(lengths, max_len))
+        assert np.array_equal(out[name][1], np.concatenate(newest))
+
+
+def test_flat_inputs_split_the_sparse_features_as_to_dict_does() -> None:
+    """The exported program's sparse inputs come from one view and one split of the Batch's KJT; they
+    are to_dict's, empty rows and empty features included, and a KJT in another key order falls back."""
+    import torch
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    from opengem.serve.export import _per_key
+
+    keys, rows = ["a", "b", "c"], 5
+    lengths = torch.tensor([0, 2, 1, 0, 3, 0, 0, 0, 0, 0, 1, 1, 4, 0, 2])
+    kjt = KeyedJaggedTensor(keys=keys, values=torch.arange(int(lengths.sum())), lengths=lengths)
+    for order in (keys, ["c", "a", "b"]):
+        split = _per_key(kjt, order, rows)
+        reference = kjt.to_dict()
+        assert list(split) == order
+        for k in order:
+            assert torch.equal(split[k][0], reference[k].values())
+            assert torch.equal(split[k][1], reference[k].lengths())

@@ -37,7 +37,11 @@ def requests_(run_dir: Path) -> list[dict]:  # type: ignore[type-arg]
     return [json.loads(make_request(rows, surfaces, ctx, n, i)) for i, n in enumerate((1, 5, 17))]
 
 
-def test_real_model_json_and_arrow_match_the_predictor(run_dir: Path, requests_: list[dict]) -> None:  # type: ignore[type-arg]
+def test_real_model_json_and_arrow_match_the_predictor(run_dir: Path, requests_: list[dict],  # type: ignore[type-arg]
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    # the requests carry no ts, so both sides score at the server's clock (the hour-of-day features): one
+    # frozen instant, or a second ticking between the two would change the scores
+    monkeypatch.setattr("opengem.serve.encode.time.time_ns", lambda: 1_700_049_600 * 10**9)
     direct = Predictor.load(run_dir, "eager")
     cfg = ServeConfig(port=0, backend="eager")
     server = build_server(run_dir, cfg, [], PredictorLoader(cfg.max_candidates))

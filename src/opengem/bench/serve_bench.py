@@ -553,6 +553,7 @@ def in_process_stages(model: Path, backends: list[str], candidates: list[int], m
 
     from opengem.serve import json_codec
     from opengem.serve.predictor import Predictor
+    from opengem.serve.runtime import freeze_heap
 
     torch.set_num_threads(1)
     rows, surfaces, context = pool
@@ -560,6 +561,7 @@ def in_process_stages(model: Path, backends: list[str], candidates: list[int], m
                            "load_average_before": load_average(), "stages": []}
     for backend in backends:
         p = Predictor.load(model, backend)
+        freeze_heap()  # as `opengem serve` does after loading: no full collection the server would not pay
         for n in candidates:
             reqs = [json.loads(make_request(rows, surfaces, context, n, i)) for i in range(merged)]
             stages = _stage_fns(p, reqs)
@@ -614,7 +616,22 @@ def format_stages(result: dict[str, Any]) -> str:
              f"{result['reps']} reps, load average {result['load_average_before']} -> "
              f"{result['load_average_after']}",
              STAGE_HEAD, "-" * len(STAGE_HEAD)]
-    return "\n".join(lines + [_stage_row(r) for r in result["stages"]])
+    return "\n".join(lines + [_stage_row(r) for r in result["stages"]] + merged_overheads(result))
+
+
+def merged_overheads(result: dict[str, Any]) -> list[str]:
+    """E per backend and size: ``score_many`` of the merged Arrow requests minus their forward pass (CPU
+    p50s), the per-forward-pass work that dilutes a faster backend's advantage under load (issue 16:
+    AOTI reaches 2x eager's requests/s only when E is small beside the forward passes)."""
+    cpu = {(r["backend"], r["candidates"], r["stage"]): r["cpu_p50_ms"] for r in result["stages"]}
+    m = result.get("merged")
+    out = []
+    for (backend, n, stage), score in cpu.items():
+        forward = cpu.get((backend, n, f"forward {m} requests"))
+        if stage == f"score_many {m} requests (arrow tables)" and forward is not None:
+            out.append(f"{backend} {n} cands: E = score_many - forward of {m} Arrow requests = "
+                       f"{score - forward:.3f} ms CPU (forward {forward:.3f})")
+    return out
 
 
 # --------------------------------------------------------------------------- table

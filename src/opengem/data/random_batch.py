@@ -7,6 +7,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from opengem.data.batch import Batch, SequenceBatch
 from opengem.data.schema import FeatureSchema
+from opengem.data.time_features import time_feature_values
 
 
 def random_batch(
@@ -41,13 +42,18 @@ def random_batch(
         dense = {f.name: torch.randn(total, generator=g) for f in grp.dense_fields}
         seqs[grp.name] = SequenceBatch(lengths=lens, ids=ids, dense=dense)
     T = len(schema.tasks)
+    ts = torch.arange(B, dtype=torch.long)
+    dense = torch.randn(B, len(schema.dense), generator=g)
+    if schema.time_features:  # derived from ts as to_batch derives them (a schema without any: same draws)
+        clock = time_feature_values(ts.numpy(), schema.time_features, schema.time_unit)
+        dense = torch.cat([dense, torch.from_numpy(clock)], dim=1)
     return Batch(
-        dense=torch.randn(B, len(schema.dense), generator=g),
+        dense=dense,
         sparse=sparse,
         sequences=seqs,
         labels=(torch.rand(B, T, generator=g) < label_rate).float(),
         label_mask=torch.rand(B, T, generator=g) < observed_rate,
         surface=torch.randint(0, len(schema.surfaces), (B,), generator=g),
         example_id=torch.arange(B, dtype=torch.long) + seed * B,
-        ts=torch.arange(B, dtype=torch.long),
+        ts=ts,
     )

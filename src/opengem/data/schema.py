@@ -12,6 +12,12 @@ Canonical Parquet column names follow from the schema:
 - each sequence field is a list column named ``<group>__<field>`` (oldest event first);
 - ``example_id`` (int64), the time column (int64), the surface column (int32 index into
   ``surfaces``) and one float column per task label (null = not observed).
+
+``time_features`` (``hour_of_day``, ``day_of_week``) are not columns: each is a (sin, cos) pair derived from
+the time column (in ``time_unit`` since the Unix epoch) and appended after the dense features
+(:mod:`opengem.data.time_features`). A model's dense input is therefore ``dense_input_names`` /
+``num_dense_inputs`` wide, never ``len(dense)``. A schema without the key has none, so data, runs and
+artifacts written before it existed load and batch exactly as before.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from typing import Any
 
 import tomli_w
 
+from opengem.data.time_features import TIME_FEATURES, TIME_UNITS, time_feature_names
 from opengem.errors import OpengemError
 
 POOLINGS = ("sum", "mean")
@@ -126,6 +133,8 @@ class FeatureSchema:
     time_column: str = "ts"
     example_id_column: str = "example_id"
     on_error: str = "error"
+    time_features: tuple[str, ...] = ()  # of TIME_FEATURES: (sin, cos) pairs derived from time_column
+    time_unit: str = "s"  # of TIME_UNITS: the time column's ticks (Unix epoch, UTC)
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     # ----------------------------------------------------------------- derived names
@@ -140,6 +149,21 @@ class FeatureSchema:
     @property
     def dense_names(self) -> list[str]:
         return [f.name for f in self.dense]
+
+    @property
+    def time_feature_names(self) -> list[str]:
+        """The derived time inputs (``hour_of_day_sin``, ``hour_of_day_cos``, ...); not Parquet columns."""
+        return time_feature_names(self.time_features)
+
+    @property
+    def dense_input_names(self) -> list[str]:
+        """The columns of ``Batch.dense``: the dense features, then the derived time features."""
+        return self.dense_names + self.time_feature_names
+
+    @property
+    def num_dense_inputs(self) -> int:
+        """Width of ``Batch.dense``: what every model, FLOP count and exported input is sized by."""
+        return len(self.dense) + 2 * len(self.time_features)
 
     def sequence(self, name: str) -> SequenceGroup:
         for g in self.sequences:
@@ -201,6 +225,11 @@ class FeatureSchema:
             ],
             "task": [_asdict(t) for t in self.tasks],
         }
+        # written only when set, so a schema without time features serialises exactly as before they existed
+        if self.time_features:
+            d["time_features"] = list(self.time_features)
+        if self.time_features or self.time_unit != "s":
+            d["time_unit"] = self.time_unit
         if self.extra:
             d["extra"] = dict(self.extra)
         return d
@@ -266,7 +295,7 @@ def _parse_schema(d: dict[str, Any], src: str) -> FeatureSchema:
         {
             "name": str, "surfaces": list, "surface_column": str, "time_column": str,
             "example_id_column": str, "on_error": str, "sparse": list, "dense": list,
-            "sequence": list, "task": list, "extra": dict,
+            "sequence": list, "task": list, "extra": dict, "time_features": list, "time_unit": str,
         },
         src,
         required=("name", "surfaces", "task"),
@@ -353,6 +382,12 @@ def _parse_schema(d: dict[str, Any], src: str) -> FeatureSchema:
         groups.append(SequenceGroup(name=g["name"], max_len=g["max_len"], fields=tuple(fields),
                                     on_overflow=overflow))
 
+    time_features = _parse_time_features(top.get("time_features", []), src)
+    time_unit = top.get("time_unit", "s")
+    _check_choice(time_unit, tuple(TIME_UNITS), f"{src}: time_unit")
+    for name in time_feature_names(time_features):
+        claim(name, f"{src}: time_features (derived input)")
+
     tasks = []
     if not top["task"]:
         raise SchemaError(f"{src}: task: at least one task is required")
@@ -383,10 +418,23 @@ def _parse_schema(d: dict[str, Any], src: str) -> FeatureSchema:
         time_column=top.get("time_column", "ts"),
         example_id_column=top.get("example_id_column", "example_id"),
         on_error=on_error,
+        time_features=time_features,
+        time_unit=time_unit,
         extra=dict(top.get("extra", {})),
     )
     schema.tables()  # validates shared-table dims
     return schema
+
+
+def _parse_time_features(value: list[Any], src: str) -> tuple[str, ...]:
+    where = f"{src}: time_features"
+    for v in value:
+        if not isinstance(v, str):
+            raise SchemaError(f"{where}: expected names, got {v!r}")
+        _check_choice(v, TIME_FEATURES, where)
+    if len(set(value)) != len(value):
+        raise SchemaError(f"{where}: duplicate name in {value!r}")
+    return tuple(value)
 
 
 # --------------------------------------------------------------------------- TOML reading and writing

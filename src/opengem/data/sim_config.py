@@ -185,6 +185,12 @@ def sim_schema(cfg: SimConfig) -> FeatureSchema:
             SequenceField("dt", kind="dense"),
         ),
     )
+    # Request-time context (issue 14): a (sin, cos) input for each clock cycle the world generates, as a
+    # real system adds one once its logs show the cycle. The weekly one only with weekly_rate_amp > 0: without
+    # a cycle it carries nothing but the day index, and over the usual 7 days (test day 6 never seen in
+    # training) a model would fit day-to-day drift to it and extrapolate that onto the test day.
+    clock = (("hour_of_day",) if cfg.hour_rate_amp > 0 else ()) + (
+        ("day_of_week",) if cfg.weekly_rate_amp > 0 else ())
     return FeatureSchema(
         name="sim",
         surfaces=tuple(cfg.surface_names),
@@ -192,6 +198,7 @@ def sim_schema(cfg: SimConfig) -> FeatureSchema:
         sparse=sparse,
         dense=dense,
         sequences=(hist,),
+        time_features=clock,
         extra={"generator": "opengem.data.simulate", "seed": cfg.seed,
                "truth_columns": "p_click, p_conversion in truth/"},
     )

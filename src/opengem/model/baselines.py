@@ -124,7 +124,7 @@ class DLRM(_Baseline):
         super().__init__(schema, dataclasses.replace(emb, dense_tokens=0), head)
         self.cfg = cfg
         d = self.d
-        n_dense = len(schema.dense)
+        n_dense = schema.num_dense_inputs  # dense features + derived time features
         self._bottom_dims = [n_dense, *cfg.bottom_mlp, d] if n_dense else []
         self.bottom = mlp(self._bottom_dims) if n_dense else None
         self.num_vectors = (1 if n_dense else 0) + self.embedding.num_tokens + len(schema.sequences)
@@ -298,7 +298,7 @@ class LR(_Baseline):
         self.cfg = cfg
         # inputs derived from ids: one LR_DIM block per token and per sequence group, then the dense values
         self.num_id_inputs = (self.embedding.num_tokens + len(lr_schema.sequences)) * LR_DIM
-        self.num_dense = len(schema.dense)
+        self.num_dense = schema.num_dense_inputs  # dense features + derived time features
         self._make_head(self.num_id_inputs + self.num_dense, linear_head)
         with torch.no_grad():  # start as plain LR: an id's weight is the mean of its row; dense weights 0
             self.head.out_weight[:, : self.num_id_inputs].fill_(1.0 / LR_DIM)

@@ -210,7 +210,7 @@ class FeatureEmbedding(nn.Module):
         self._target_token_idx = [i for i, s in enumerate(specs) if s.features[0] in self.target_features]
 
         # --- dense features -> dense_tokens tokens
-        n_dense = len(schema.dense)
+        n_dense = schema.num_dense_inputs  # dense features + derived time features
         self._dense_mlp_dims: list[int] = []
         self.dense_mlp: nn.Module | None = None
         if n_dense and cfg.dense_tokens:
@@ -282,13 +282,14 @@ class FeatureEmbedding(nn.Module):
         else:
             target = None
         dense_in = batch.dense
-        if self.dense_bn is not None and dense_in.dim() == 2 and dense_in.shape[1] == len(self.schema.dense):
+        n_dense = self.schema.num_dense_inputs
+        if self.dense_bn is not None and dense_in.dim() == 2 and dense_in.shape[1] == n_dense:
             dense_in = self.dense_bn(dense_in)
         if self.dense_mlp is not None:
-            if batch.dense.dim() != 2 or batch.dense.shape[1] != len(self.schema.dense):
+            if batch.dense.dim() != 2 or batch.dense.shape[1] != n_dense:
                 raise ValueError(
                     f"batch.dense has shape {tuple(batch.dense.shape)}; schema {self.schema.name!r} "
-                    f"declares {len(self.schema.dense)} dense features {self.schema.dense_names}"
+                    f"declares {n_dense} dense inputs {self.schema.dense_input_names}"
                 )
             dense = self.dense_mlp(dense_in).view(B, self.num_dense_tokens, self.d)
             toks = toks + list(dense.unbind(1))

@@ -1,6 +1,7 @@
 """Raw request values -> the model's Batch, through the loader's own code path.
 
 A request is ``{"surface": name | index, "context": {feature: value}, "candidates": [{feature: value}, ...]}``
+and optionally ``"ts"``, the request time (the server's clock when absent, :func:`with_request_ts`),
 with feature names as in canonical Parquet (sparse and dense feature names, ``<group>__<field>`` for
 sequence fields). Context features are broadcast to every candidate; every feature the schema declares
 must come from exactly one of the two.
@@ -21,6 +22,7 @@ import functools
 import itertools
 import numbers
 import operator
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -34,13 +36,15 @@ from opengem.data.batch import Batch
 from opengem.data.dataset import arrow_schema
 from opengem.data.parquet import Columns, DataError, ProblemLog, check_columns, conform_table, to_batch
 from opengem.data.schema import FeatureSchema
+from opengem.data.time_features import TIME_UNITS
 from opengem.serve.arrow_io import arrow_rows
 from opengem.serve.errors import BadRequest
 from opengem.serve.table_codec import TABLE, encode_raw, encoders_from_json, raw_batch, raw_columns
 
 REQUEST = "request"  # the "file" named in the loader's problem messages
 DEFAULT_MAX_CANDIDATES = 4096
-REQUEST_KEYS = ("surface", "context", "candidates")
+REQUEST_KEYS = ("surface", "context", "candidates", "ts")
+_REQUEST_KEY_SET = frozenset(REQUEST_KEYS)
 _ABSENT = object()  # a feature a candidate did not give (None is a value: a missing number)
 
 
@@ -181,6 +185,7 @@ class RequestEncoder:
             self.columns = {k: _Column(k, kind) for k, kind in raw_columns(self.table).items()}
         else:  # raw values are the canonical ones (ids, as the simulator writes them)
             self.columns = request_columns(schema)
+        self._candidate_names = frozenset(self.columns)  # an Arrow body with all of them: _merged_arrow
 
     def surface_index(self, value: Any) -> int:
         surfaces = list(self.schema.surfaces)
@@ -237,7 +242,7 @@ class RequestEncoder:
             values.update(self._arrow_values(cands, context))
         else:
             values.update(self._json_values(cands, context))
-        return self._canonical_table(values, surface, n)
+        return with_request_ts(self._canonical_table(values, surface, n), request, self.schema)
 
     def _json_values(self, cands: list[Any], context: Mapping[str, Any]) -> dict[str, list[Any] | pa.Array]:
         """Candidate objects -> one checked column per feature. The common case (plain JSON values of the
@@ -381,6 +386,10 @@ class RequestEncoder:
         cost is mostly per call, not per row: once per forward pass, not once per request)."""
         if not requests:
             raise BadRequest("no requests to score")
+        merged = self._merged_arrow(requests)
+        if merged is not None:
+            table, counts = merged
+            return to_batch(self._checked(self._conformed(table), counts), self.schema), counts
         tables = []
         for i, r in enumerate(requests):
             try:
@@ -389,6 +398,62 @@ class RequestEncoder:
                 raise BadRequest(f"request {i}: {e}" if len(requests) > 1 else str(e)) from None
         counts = [t.num_rows for t in tables]
         return to_batch(self._checked(self._conformed_all(tables), counts), self.schema), counts
+
+    def _merged_arrow(self, requests: list[Any]) -> tuple[pa.Table, list[int]] | None:
+        """Arrow-body requests -> ONE canonical table over all their candidates, or None when this fast
+        path does not apply (then :meth:`table_of` runs per request and names any problem).
+
+        Why: per request, :meth:`table_of` looked up each column, counted its nulls and built a canonical
+        table (~0.19 ms for 16 columns), 3 ms of a 16-request batch. When every request sends the same
+        Arrow schema with every candidate feature, no context and no null (what a client that builds its
+        bodies one way always does), the column checks hold for all requests at once: the candidate tables
+        are concatenated (zero-copy, one chunk per request), checked once, and only the bookkeeping columns
+        (example_id, ts, surface: shared cached arrays) are per request. ``conform_table`` and the loader's
+        row checks then run once on the merged table as on any other, naming ``request i: candidate j``."""
+        if self.table is not None:
+            return None  # raw source values: the importer's encoders take them row by row
+        first = None
+        parts: list[tuple[int, int, int | None]] = []  # (candidates, surface, ts) per request
+        for r in requests:
+            if not isinstance(r, dict) or not set(r) <= _REQUEST_KEY_SET:
+                return None
+            context = r.get("context", {})
+            if not isinstance(context, Mapping) or context:
+                return None
+            cands = r.get("candidates")
+            if not isinstance(cands, pa.Table) or not 0 < cands.num_rows <= self.max_candidates:
+                return None
+            if first is None:
+                first = cands.schema
+            elif cands.schema is not first and not cands.schema.equals(first):
+                return None
+            try:
+                surface, ts = self.surface_index(r.get("surface")), request_ts(r, self.schema)
+            except BadRequest:
+                return None
+            parts.append((cands.num_rows, surface, ts))
+        if first is None or len(first.names) != len(self._candidate_names) \
+                or set(first.names) != self._candidate_names:
+            return None  # a feature missing, unknown or given in the context: the slow path says which
+        cands = pa.concat_tables([r["candidates"] for r in requests])
+        for col in cands.columns:
+            if col.null_count or (pa.types.is_list(col.type) and pa.types.is_null(col.type.value_type)):
+                return None
+        counts = [n for n, _, _ in parts]
+        books = [_bookkeeping(n, s) for n, s, _ in parts]
+        ts = [b[1] if t is None else pa.array(np.full(n, t, dtype=np.int64))
+              for b, (n, _, t) in zip(books, parts, strict=True)]
+        sch, total = self.schema, sum(counts)
+        data: dict[str, pa.Array | pa.ChunkedArray] = {
+            sch.example_id_column: pa.chunked_array([b[0] for b in books]),
+            sch.time_column: pa.chunked_array(ts),
+            sch.surface_column: pa.chunked_array([b[2] for b in books])}
+        for f in self.arrow:
+            if f.name in self._candidate_names:
+                data[f.name] = cands.column(f.name)
+            elif f.name not in data:  # labels: not observed
+                data[f.name] = _nulls(total, f.type)
+        return pa.table(data), counts
 
     def _conformed_all(self, tables: list[pa.Table]) -> pa.Table:
         """``conform_table`` once over the requests' tables when they have the same Arrow schema (the
@@ -408,6 +473,30 @@ class RequestEncoder:
             except BadRequest as e:
                 raise BadRequest(f"request {i}: {e}") from None
         return pa.concat_tables(conformed)
+
+
+def with_request_ts(table: pa.Table, request: Mapping[str, Any], schema: FeatureSchema) -> pa.Table:
+    """``table`` with the request's time in the time column: its ``ts`` (an integer in the schema's
+    ``time_unit`` since the Unix epoch), else the server's clock now when the schema derives time features
+    from it (issue 14: the hour of the day), else unchanged (ts 0: nothing reads it)."""
+    ts = request_ts(request, schema)
+    if ts is None:
+        return table
+    i = table.schema.get_field_index(schema.time_column)
+    return table.set_column(i, table.schema.field(i), pa.array(np.full(table.num_rows, ts, dtype=np.int64)))
+
+
+def request_ts(request: Mapping[str, Any], schema: FeatureSchema) -> int | None:
+    """The request's time for the time column (see :func:`with_request_ts`), or None to leave it 0."""
+    if "ts" in request:
+        ts = request["ts"]
+        if not _is_int(ts) or not -(2**63) <= ts < 2**63:
+            raise BadRequest(f"'ts' must be an integer time ({schema.time_unit} since the Unix epoch), "
+                             f"got {ts!r}")
+        return int(ts)
+    if schema.time_features:
+        return time.time_ns() // (1_000_000_000 // TIME_UNITS[schema.time_unit])
+    return None
 
 
 @functools.lru_cache(maxsize=64)

@@ -118,13 +118,14 @@ class Predictor:
     def score_many(self, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Many requests -> one reply each, with ONE forward pass over all their candidates."""
         batch, counts = self.encode(requests)
-        probs = torch.sigmoid(self.logits(batch)).tolist()
+        # one list of floats per task (the [B, T] transpose, then tolist), sliced per request: a list per
+        # row (tolist of [B, T]) cost 1.2 ms at 8192 rows plus the garbage collections its 8192 lists set off
+        per_task = torch.sigmoid(self.logits(batch)).numpy().T.tolist()
         out, start = [], 0
         for n in counts:
-            rows = probs[start:start + n]
-            start += n
             out.append({"version": self.version,
-                        "scores": {t: [r[j] for r in rows] for j, t in enumerate(self.tasks)}})
+                        "scores": {t: per_task[j][start:start + n] for j, t in enumerate(self.tasks)}})
+            start += n
         return out
 
     # ------------------------------------------------------------------ backends

@@ -104,6 +104,8 @@ def derive_vm_schema(
         time_column=fm.time_column,
         example_id_column=fm.example_id_column,
         on_error=fm.on_error,
+        time_features=fm.time_features,  # request-time context: the VM serves at request time too
+        time_unit=fm.time_unit,
         extra={"derived_from": fm.name},
     )
     schema.tables()

@@ -1,0 +1,185 @@
+"""Where one client's request time goes: the real server against an echo app on the same HTTP stack.
+
+    .venv/bin/python benchmarks/serve_vm_probe.py --model DIR --data DATA [--backend aoti] [--requests 300]
+                                                  [--candidates 512] [--body arrow|json] [--out FILE.json]
+
+Issue 16's one-client target (p99 < 5 ms at 512 candidates on one core) is a wall-clock number, but on a
+shared machine wall clocks mostly measure the other processes. This probe measures what each side
+spends instead, with one keep-alive client (http.client, bodies built before timing) on its own CPU:
+
+* ``echo``: a Starlette route on the server's uvicorn stack (``server.http_stack``: httptools + uvloop when
+  installed) that reads the body and answers the real server's reply bytes: the floor of HTTP, loopback
+  and the client, with no model;
+* ``serve``: ``opengem serve --cpus 0`` with the model.
+
+Per server: the client's wall p50/p90/p99, the client thread's CPU per request (``time.thread_time``), the
+server process's CPU per request (``/proc/PID/stat``, user + system, over the timed requests) and, for
+the real server, the mean of each stage of ``opengem_request_stage_seconds`` (read, decode, queue,
+score, reply) over the same requests (``/proc`` counts in clock ticks, 10 ms: time a few hundred
+requests, not a handful). Server CPU minus the echo's is the model's path; wall minus both
+CPUs is waiting (the scheduler, other processes): compare CPUs across runs, and walls only on a quiet
+machine. ``benchmarks/serve_vm.sh`` runs it after the grid.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import re
+import socket
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from opengem.bench.serve_bench import ServerProcess, candidate_pool, http_get, make_request
+from opengem.serve import arrow_io
+from opengem.serve.runtime import available_cpus, split_cpus
+
+STAGES = ("read", "decode", "queue", "score", "reply")
+
+
+def echo_server(reply_file: str, ctype: str, cpus: str) -> None:
+    """The echo app (run as a child process): read the body, answer ``reply_file``'s bytes."""
+    import uvicorn
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    from opengem.serve.server import http_stack
+
+    if cpus:
+        os.sched_setaffinity(0, [int(c) for c in cpus.split(",")])
+    reply = Path(reply_file).read_bytes()
+
+    async def predict(request: Request) -> Response:
+        body = [chunk async for chunk in request.stream()]
+        del body
+        return Response(reply, media_type=ctype)
+
+    async def healthz(request: Request) -> Response:
+        return Response(b"{}", media_type="application/json")
+
+    app = Starlette(routes=[Route("/predict", predict, methods=["POST"]), Route("/healthz", healthz)])
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.bind(("127.0.0.1", 0))
+    http, loop = http_stack()
+    print(f"listening on http://127.0.0.1:{sock.getsockname()[1]} ({http}, {loop})", file=sys.stderr,
+          flush=True)
+    uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, http=http, loop=loop)
+                   ).run(sockets=[sock])
+
+
+def _process_cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _stage_sums(port: int) -> dict[tuple[str, str], float]:
+    text = http_get(port, "/metrics")[1].decode()
+    return {(m.group(2), m.group(1)): float(m.group(3)) for m in re.finditer(
+        r'opengem_request_stage_seconds_(sum|count)\{stage="(\w+)"\} ([0-9.e+-]+)', text)}
+
+
+def probe(cmd: list[str], bodies: list[bytes], headers: dict[str, str], requests: int,
+          client_cpus: list[int] | None, stages: bool) -> tuple[dict[str, float], bytes]:
+    """Time ``requests`` sequential requests against the server ``cmd`` starts; returns numbers, a reply."""
+    server = ServerProcess(cmd, 1)
+    before = os.sched_getaffinity(0)
+    try:
+        port = server.wait_ready()
+        if client_cpus:
+            os.sched_setaffinity(0, client_cpus)
+        conn = http.client.HTTPConnection("127.0.0.1", port)
+        reply = b""
+        for i in range(20):  # warm-up, untimed
+            conn.request("POST", "/predict", body=bodies[i % len(bodies)], headers=headers)
+            r = conn.getresponse()
+            reply = r.read()
+            if r.status != 200:
+                raise SystemExit(f"serve_vm_probe: {r.status} {reply[:300]!r}")
+        s0 = _stage_sums(port) if stages else {}
+        c0 = _process_cpu_s(server.proc.pid)
+        wall, cpu = [], []
+        for i in range(requests):
+            t0, k0 = time.perf_counter(), time.thread_time()
+            conn.request("POST", "/predict", body=bodies[i % len(bodies)], headers=headers)
+            conn.getresponse().read()
+            cpu.append(time.thread_time() - k0)
+            wall.append(time.perf_counter() - t0)
+        server_cpu = (_process_cpu_s(server.proc.pid) - c0) / requests
+        s1 = _stage_sums(port) if stages else {}
+        conn.close()
+    finally:
+        os.sched_setaffinity(0, before)
+        server.stop()
+    w = np.asarray(wall) * 1e3
+    out = {"wall_p50_ms": float(np.percentile(w, 50)), "wall_p90_ms": float(np.percentile(w, 90)),
+           "wall_p99_ms": float(np.percentile(w, 99)), "client_cpu_ms": float(np.mean(cpu)) * 1e3,
+           "server_cpu_ms": server_cpu * 1e3}
+    for st in STAGES if stages else ():
+        n = s1[(st, "count")] - s0.get((st, "count"), 0)
+        out[f"{st}_ms"] = (s1[(st, "sum")] - s0.get((st, "sum"), 0)) / n * 1e3 if n else float("nan")
+    return out, reply
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", help="export folder (opengem export)")
+    ap.add_argument("--data", help="dataset the request rows come from")
+    ap.add_argument("--backend", default="aoti")
+    ap.add_argument("--candidates", type=int, default=512)
+    ap.add_argument("--requests", type=int, default=300)
+    ap.add_argument("--body", choices=("arrow", "json"), default="arrow")
+    ap.add_argument("--out", help="write the numbers as JSON here")
+    ap.add_argument("--echo-reply", help=argparse.SUPPRESS)  # child mode: the echo app
+    ap.add_argument("--echo-ctype", help=argparse.SUPPRESS)
+    ap.add_argument("--echo-cpus", default="", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.echo_reply:
+        return echo_server(a.echo_reply, a.echo_ctype, a.echo_cpus)
+    if not (a.model and a.data):
+        ap.error("--model and --data are required")
+    rows, surfaces, context = candidate_pool(a.data, None)
+    bodies = [make_request(rows, surfaces, context, a.candidates, i, a.body) for i in range(32)]
+    ctype = arrow_io.ARROW_STREAM if a.body == "arrow" else "application/json"
+    headers = {"Content-Type": ctype, "Accept": ctype}
+    split = split_cpus(available_cpus())
+    server_cpus, client_cpus = (split[0], split[1]) if split else ([], None)
+    pin = ["--cpus", ",".join(map(str, server_cpus))] if server_cpus else []
+    serve = [sys.executable, "-m", "opengem.cli", "serve", "--model", a.model, "--backend", a.backend,
+             "--port", "0", "--max-candidates", str(a.candidates), *pin]
+    load_before = os.getloadavg()
+    results = {}
+    results["serve"], reply = probe(serve, bodies, headers, a.requests, client_cpus, stages=True)
+    reply_file = Path(a.out or "serve_vm_probe.json").with_suffix(".reply")
+    reply_file.write_bytes(reply)
+    echo = [sys.executable, __file__, "--echo-reply", str(reply_file), "--echo-ctype", ctype,
+            "--echo-cpus", ",".join(map(str, server_cpus))]
+    results["echo"], _ = probe(echo, bodies, headers, a.requests, client_cpus, stages=False)
+    reply_file.unlink()
+    out = {"model": a.model, "backend": a.backend, "candidates": a.candidates, "body": a.body,
+           "requests": a.requests, "body_bytes": len(bodies[0]), "reply_bytes": len(reply),
+           "server_cpus": server_cpus, "client_cpus": client_cpus, "load_average_before": load_before,
+           "load_average_after": os.getloadavg(), "results": results}
+    loads = [tuple(round(x, 2) for x in la) for la in (load_before, out["load_average_after"])]
+    print(f"one keep-alive client, {a.requests} requests of {a.candidates} candidates, {a.body} body "
+          f"({len(bodies[0])} B) and reply ({len(reply)} B), {a.backend}; "
+          f"load average {loads[0]} -> {loads[1]}")
+    for name, r in results.items():
+        line = (f"{name:<6} wall p50 {r['wall_p50_ms']:6.2f} p90 {r['wall_p90_ms']:6.2f} "
+                f"p99 {r['wall_p99_ms']:6.2f} | CPU/request client {r['client_cpu_ms']:.3f} "
+                f"server {r['server_cpu_ms']:.3f} ms")
+        if "score_ms" in r:
+            line += " | stages " + ", ".join(f"{st} {r[st + '_ms']:.3f}" for st in STAGES)
+        print(line)
+    if a.out:
+        Path(a.out).write_text(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()
