@@ -18,7 +18,7 @@ from opengem.data.simulate import simulate
 from opengem.model.registry import build_model
 from opengem.train.config import RunConfig
 from opengem.transfer import versions as versions_mod
-from opengem.transfer.aggregate import aggregate, select_rows
+from opengem.transfer.aggregate import aggregate, calibration_table, select_rows
 from opengem.transfer.experiment import reported_rows
 from opengem.transfer.experiment_config import ExperimentConfig, load_experiment_config
 from opengem.transfer.vertical import derive_vm_schema
@@ -136,6 +136,29 @@ def test_validation_rows_never_reach_the_reported_numbers():
     assert reported_rows([seed], [val], ExperimentConfig())[0] is seed  # no validation windows: unchanged
 
 
+def test_calibration_reports_tr_per_seed_with_a_ci_that_narrows_with_rows():
+    """The band must hold on every calibration seed, and TR must be resolved by the validation rows: the
+    table carries each seed's TR and a paired bootstrap CI over rows, which shrinks as rows grow."""
+    cfg = ExperimentConfig(validation_windows=1, bootstrap=100, seeds=[100, 101, 102])
+
+    def table(n: int) -> dict:
+        rng = np.random.default_rng(1)
+        return calibration_table([fake_seed(rng, np.arange(n)) for _ in cfg.seeds], cfg)["feed/click"]
+
+    small, big = table(500), table(8000)
+    for m in (small, big):
+        assert [ps["seed"] for ps in m["per_seed"]] == [100, 101, 102]
+        lo, hi = m["kd_tr_ci"]
+        assert lo < m["kd_tr"] < hi
+        for ps in m["per_seed"]:
+            assert ps["kd_tr_ci"][0] < ps["kd_tr"] < ps["kd_tr_ci"][1] and "per_seed" not in ps
+    assert big["rows"] == 3 * 8000 and big["per_seed"][0]["rows"] == 8000
+    width = lambda m: m["kd_tr_ci"][1] - m["kd_tr_ci"][0]  # noqa: E731
+    assert width(big) < 0.5 * width(small)
+    assert "per_seed" not in calibration_table([fake_seed(np.random.default_rng(0), np.arange(300))],
+                                               ExperimentConfig(seeds=[100]))["feed/click"]
+
+
 @pytest.mark.parametrize("path", ["configs/transfer-prod.toml", "configs/transfer-prod-small.toml"])
 def test_prod_configs_state_a_production_like_regime(path):
     cfg = load_experiment_config(path)
@@ -175,7 +198,7 @@ def test_transfer_prod_small_runs_end_to_end_through_the_cli(tmp_path):
 
     overrides = ["data.sim.rows=4000", "data.sim.days=8", "data.sim.users=300", "data.sim.ads=400",
                  "data.sim.chunk_rows=500", "data.sim.seq_max=16", "data.sim.seq_mean=8.0",
-                 "vm_first_window=5",
+                 "vm_first_window=5", "validation_windows=1", "seeds=[100]", "fm.train.epochs=1",
                  "publish_every=2", "staleness=[0, 1]", 'surfaces=["feed"]', "kd.grid=[[1.0, 1.0]]",
                  "fm.model.gem.sequence.window=8", "fm.model.gem.sequence.chunk=8", "bootstrap=20"]
     rc = cli.main(["transfer", "--config", "configs/transfer-prod-small.toml", "--out", str(tmp_path),
@@ -191,3 +214,5 @@ def test_transfer_prod_small_runs_end_to_end_through_the_cli(tmp_path):
     assert set(res["staleness"]) == {"0", "1"}
     assert sorted(p.name for p in (tmp_path / "seed100" / "fm" / "versions").iterdir()) == ["v0002", "v0004",
                                                                                             "v0006"]
+    v4 = json.loads((tmp_path / "seed100" / "fm" / "versions" / "v0004" / "manifest.json").read_text())
+    assert v4["mode"] == "warm" and v4["init_from"] == 2 and v4["new_partitions"] == ["day=002", "day=003"]

@@ -116,10 +116,20 @@ def select_rows(seed_res: dict[str, Any], ids: np.ndarray) -> dict[str, Any]:
 
 def calibration_table(val_seed: list[dict[str, Any]], cfg: ExperimentConfig) -> dict[str, Any]:
     """Tuned KD's TR (and the NEs behind it) per VM surface x task on the validation windows: the number
-    the regime is calibrated on (issue 15: TR in [0.15, 0.5] on every VM surface)."""
-    agg = aggregate(val_seed, ["baseline", "kd"], cfg)
-    return {
-        key: {"baseline_ne": agg["arms"]["baseline"][key]["ne"], "kd_ne": m["ne"],
-              "fm_ne": agg["fm"][key]["ne"], "kd_tr": m["tr"], "rows": m["rows"]}
-        for key, m in agg["arms"]["kd"].items()
-    }
+    the regime is calibrated on (issue 15: TR in [0.15, 0.5] on every VM surface), pooled over seeds and
+    per seed (the band must hold on every calibration seed), each with its paired bootstrap CI over rows
+    (``tr_ci``: whether the validation rows resolve TR well enough to tell in-band from out)."""
+    def table(seeds: list[dict[str, Any]]) -> dict[str, Any]:
+        agg = aggregate(seeds, ["baseline", "kd"], cfg)
+        return {key: {"baseline_ne": agg["arms"]["baseline"][key]["ne"], "kd_ne": m["ne"],
+                      "fm_ne": agg["fm"][key]["ne"], "kd_tr": m["tr"], "kd_tr_ci": m["tr_ci"],
+                      "rows": m["rows"]}
+                for key, m in agg["arms"]["kd"].items()}
+
+    pooled = table(val_seed)
+    if len(val_seed) > 1:
+        per_seed = [table([s]) for s in val_seed]
+        for key, m in pooled.items():
+            m["per_seed"] = [None if ps.get(key) is None else {"seed": seed, **ps[key]}
+                             for seed, ps in zip(cfg.seeds, per_seed)]
+    return pooled

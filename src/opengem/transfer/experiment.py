@@ -216,12 +216,22 @@ def regime_facts(run: SeedRun, cfg: ExperimentConfig, seed_res: dict[str, Any]) 
 
 
 def calibration_text(calib: dict[str, Any]) -> str:
-    lines = [f"{'surface/task':<22}{'base NE':>9}{'KD NE':>9}{'FM NE':>9}{'KD TR':>8}{'in band':>9}"]
-    for k, m in calib.items():
+    """Pooled over seeds, then one line per seed ("seed i") when there are several: the band must hold on
+    every calibration seed. ``TR 95% CI``: paired bootstrap over the validation rows."""
+    lines = [f"{'surface/task':<22}{'rows':>8}{'base NE':>9}{'KD NE':>9}{'FM NE':>9}{'KD TR':>8}"
+             f"{'in band':>9}  TR 95% CI"]
+
+    def line(name: str, m: dict[str, Any]) -> str:
         tr = m["kd_tr"]
         ok = "yes" if tr is not None and 0.15 <= tr <= 0.5 else "no"
-        lines.append(f"{k:<22}{fmt(m['baseline_ne']):>9}{fmt(m['kd_ne']):>9}{fmt(m['fm_ne']):>9}"
-                     f"{fmt(tr, 2):>8}{ok:>9}")
+        return (f"{name:<22}{m['rows']:>8}{fmt(m['baseline_ne']):>9}{fmt(m['kd_ne']):>9}{fmt(m['fm_ne']):>9}"
+                f"{fmt(tr, 2):>8}{ok:>9}  {fmt(m.get('kd_tr_ci'))}")
+
+    for k, m in calib.items():
+        lines.append(line(k, m))
+        for ps in m.get("per_seed") or []:
+            if ps is not None:
+                lines.append(line(f"  seed {ps['seed']}", ps))
     return "\n".join(lines)
 
 

@@ -53,7 +53,7 @@ class SeedRun:
         fm_cfg.train.seed = seed
         t0 = time.perf_counter()
         self.versions = train_published_versions(fm_cfg, self.data, self.root / "fm", self.parts,
-                                                 cfg.publish_every)
+                                                 cfg.publish_every, cfg.fm_versions)
         self.fm_train_s = time.perf_counter() - t0
         self.window_len = window_len(self.ds)
         names = cfg.surfaces or list(self.schema.surfaces)

@@ -3,8 +3,14 @@
 A version is a trained FM frozen at a point in time: ``RUN/versions/vNNNN/`` holds a training run
 (config.toml + checkpoints/) and ``manifest.json`` with at least ``version`` and ``trained_through_ts``
 (the newest example time the version saw). The online trainer (``opengem.train.online``) publishes
-versions in this layout; when no online run exists, :func:`train_fm_versions` produces them by training
-the FM on growing, time-ordered partition sets with the batch trainer.
+versions in this layout; when no online run exists, the batch trainer produces them, in one of two ways:
+
+- :func:`train_fm_versions` ("scratch"): version k is the FM trained from initialisation on the first k
+  time-ordered partitions (growing sets; the cost grows with the square of the number of versions);
+- :func:`train_warm_versions` ("warm"): version k starts from version k-1's final checkpoint (weights,
+  both optimizers' state, lr schedule, RNG: the trainer's own checkpoint, loaded as a resume loads it)
+  and trains only the partitions new since k-1 -- what production continuous training does, one pass
+  over the stream per epoch in all.
 
 No leakage: an example at time t may only be labelled by a version whose trained-through ts is strictly
 older than t. Staleness (``lag``) then steps back ``lag`` further versions, modelling an FM refreshed
@@ -26,7 +32,8 @@ import pyarrow.parquet as pq
 from opengem.data.commit import atomic_write_text
 from opengem.data.dataset import Dataset
 from opengem.errors import OpengemError
-from opengem.train.trainer import train
+from opengem.train import checkpoint as ckpt
+from opengem.train.trainer import Trainer, train
 
 VERSIONS = "versions"
 VERSION_NAME = re.compile(r"v\d+")
@@ -37,7 +44,11 @@ class FMVersion:
     version: int
     trained_through_ts: int
     path: Path  # the version's run folder (config.toml + checkpoints/)
-    partitions: tuple[str, ...] = ()
+    partitions: tuple[str, ...] = ()  # every partition the version's weights trained on (its whole chain)
+    mode: str = "scratch"  # scratch | warm (module docstring); a manifest without the key (written before
+    # warm versions existed, or by the online trainer) reads as scratch
+    new_partitions: tuple[str, ...] = ()  # warm: the partitions this version's own run trained on
+    init_from: int | None = None  # warm: the version whose final state it started from (None: fresh)
 
 
 class VersionError(OpengemError, ValueError):
@@ -110,9 +121,15 @@ def _read_version(d: Path, m: Path) -> FMVersion:
     except (TypeError, ValueError):
         raise VersionError(f"{m}: 'version' and 'trained_through_ts' must be integers, found "
                            f"{rec['version']!r} and {tt!r}") from None
-    if not isinstance(parts, (list, tuple)) or not all(isinstance(p, str) for p in parts):
-        raise VersionError(f"{m}: 'partitions' must be a list of partition names, found {parts!r}")
-    return FMVersion(version, through, d, tuple(parts))
+    new = rec.get("new_partitions", ())
+    for key, val in (("partitions", parts), ("new_partitions", new)):
+        if not isinstance(val, (list, tuple)) or not all(isinstance(p, str) for p in val):
+            raise VersionError(f"{m}: '{key}' must be a list of partition names, found {val!r}")
+    init_from = rec.get("init_from")
+    if init_from is not None and not isinstance(init_from, int):
+        raise VersionError(f"{m}: 'init_from' must be a version number or null, found {init_from!r}")
+    mode = str(rec.get("mode", "scratch"))
+    return FMVersion(version, through, d, tuple(parts), mode, tuple(new), init_from)
 
 
 def parse_fm_spec(spec: str) -> tuple[Path, int | None]:
@@ -185,5 +202,63 @@ def train_fm_versions(
         cfg.train.progress = False
         train(cfg, vdir, data_dir, resume=reuse, force=not reuse)  # resume=True on an empty folder: fresh
         tt = max_ts([f for p in parts[:k] for f in ds.files(p)], ds.schema.time_column)
-        write_manifest(vdir, k, tt, partitions=list(parts[:k]))
+        write_manifest(vdir, k, tt, partitions=list(parts[:k]), mode="scratch")
+    return list_versions(run)
+
+
+def train_warm_versions(fm_cfg: Any, data_dir: str | Path, run: str | Path, partitions: list[str],
+                        ks: list[int]) -> list[FMVersion]:
+    """Versions ``ks`` (ascending) as one continuous training: version ``ks[i]`` trains on
+    ``partitions[ks[i-1]:ks[i]]`` (the first on ``partitions[:ks[0]]``, from initialisation), starting from
+    version ``ks[i-1]``'s final checkpoint, loaded with ``checkpoint.load`` into the trainer's model,
+    optimizers and lr schedule exactly as ``--resume`` loads one (and the online trainer its newest version),
+    so the step counter and schedule run on. Each version runs ``fm_cfg.train.epochs`` epochs over its new
+    partitions; ``fm_cfg.train.steps`` must be 0 (a step budget has no meaning per version).
+
+    Why not equal to scratch versions: a warm version has seen its oldest partitions the longest ago and
+    its newest last (recency, as in production), and never revisits old partitions.
+
+    Resumable: a published version (its manifest exists) is kept when it was trained warm from the same
+    predecessor on the same partitions (else VersionError: a run folder of another mode); a version folder
+    without a manifest (interrupted) resumes from its own newest checkpoint, or starts again from its
+    predecessor when it saved none. The manifest's ``trained_through_ts`` is the newest ts of every
+    partition of the chain (``partitions``), ``new_partitions`` this version's own.
+    """
+    if fm_cfg.train.steps:
+        raise VersionError("warm FM versions train fm.train.epochs epochs over each version's new "
+                           f"partitions; fm.train.steps = {fm_cfg.train.steps} must be 0")
+    if not ks or ks != sorted(set(ks)) or ks[0] < 1 or ks[-1] >= len(partitions):
+        raise VersionError(f"warm versions {ks}: need ascending version numbers in 1..{len(partitions) - 1} "
+                           f"(a version k trains on the first k of {len(partitions)} partitions)")
+    ds = Dataset(data_dir)
+    prev: FMVersion | None = None
+    for k in ks:
+        start = prev.version if prev is not None else 0
+        chain, new = list(partitions[:k]), list(partitions[start:k])
+        vdir = version_dir(run, k)
+        if (vdir / "manifest.json").exists():
+            have = read_version(run, k)
+            want = (prev.version if prev is not None else None, tuple(chain), tuple(new))
+            if have.mode != "warm" or (have.init_from, have.partitions, have.new_partitions) != want:
+                raise VersionError(f"{vdir}: published as a {have.mode} version (from {have.init_from}, new "
+                                   f"{list(have.new_partitions)}), not as warm version {k} from {want[0]} on "
+                                   f"{new}; use a fresh run folder")
+            prev = have
+            continue
+        cfg = copy.deepcopy(fm_cfg)
+        cfg.data.train = ",".join(new)
+        cfg.data.eval = partitions[k]
+        cfg.train.final_eval = False
+        cfg.train.progress = False
+        with Trainer(cfg, vdir, data_dir, resume=True) as trainer:  # resume: its own interrupted run
+            if trainer.resumed is None and prev is not None:
+                o = trainer.optimizers
+                meta = ckpt.load(ckpt.latest_checkpoint(prev.path), trainer.model, dense_opt=o.dense_opt,
+                                 sparse_opt=o.sparse, scheduler=o.scheduler)
+                trainer.step = int(meta["step"])  # epochs, examples and losses count this version's own
+            trainer.fit()
+        tt = max_ts([f for p in chain for f in ds.files(p)], ds.schema.time_column)
+        write_manifest(vdir, k, tt, partitions=chain, mode="warm", new_partitions=new,
+                       init_from=prev.version if prev is not None else None)
+        prev = read_version(run, k)
     return list_versions(run)

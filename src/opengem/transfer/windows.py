@@ -22,7 +22,13 @@ from opengem.data.dataset import Dataset
 from opengem.data.sim_config import SimConfig
 from opengem.data.simulate import simulate
 from opengem.transfer.experiment_config import ExperimentConfig
-from opengem.transfer.versions import FMVersion, VersionError, list_versions, train_fm_versions
+from opengem.transfer.versions import (
+    FMVersion,
+    VersionError,
+    list_versions,
+    train_fm_versions,
+    train_warm_versions,
+)
 
 
 def prepare_data(cfg: ExperimentConfig, seed: int, root: Path) -> Path:
@@ -100,17 +106,25 @@ def vm_start_window(cfg: ExperimentConfig, lags: list[int], n_windows: int, wher
 
 
 def train_published_versions(fm_cfg: object, data_dir: Path, run: Path, parts: list[str],
-                             every: int) -> list[FMVersion]:
+                             every: int, mode: str = "scratch") -> list[FMVersion]:
     """Train (or reuse) exactly the published versions: version k on ``parts[:k]`` for k in
-    :func:`published_versions`. A run folder holding other versions (another publish_every) is refused:
-    the side tables would pick them up."""
+    :func:`published_versions`, from scratch each, or ``mode = "warm"``: each from the previous published
+    version, on the windows since it (``versions.train_warm_versions``). A run folder holding other
+    versions (another publish_every) or versions of the other mode is refused: the side tables would pick
+    them up."""
     ks = published_versions(len(parts), every)
     if run.is_dir():
-        have = {v.version for v in _listed(run)}
-        extra = sorted(have - set(ks))
+        listed = _listed(run)
+        extra = sorted({v.version for v in listed} - set(ks))
         if extra:
             raise ConfigError(f"{run}: holds FM versions {extra} outside this publish_every={every} schedule "
                               f"{ks}; use a fresh --out")
+        other = sorted(v.version for v in listed if v.mode != mode)
+        if other:
+            raise ConfigError(f"{run}: holds FM versions {other} not trained fm_versions = {mode!r}; use a "
+                              "fresh --out")
+    if mode == "warm":
+        return train_warm_versions(fm_cfg, data_dir, run, parts, ks)
     for k in ks:
         train_fm_versions(fm_cfg, data_dir, run, parts[: k + 1], first=k)
     return list_versions(run)
