@@ -62,3 +62,28 @@ def test_only_ops_with_a_fused_twin_accept_it():
     q = rand(2, 1, 3, 4, seed=9)
     with pytest.raises(ValueError, match="kernel 'fused' is not one of: pytorch$"):
         attention.masked_attention(q, q, q, None, kernel="fused")
+
+
+# token-major [..., L, H, dh] rows at positions 0..L-1: GEM's self-attention layout, batch 1, zero-length
+# rows, an empty batch, one head, odd widths (handed to the reference)
+ROPE_POSITION_SHAPES = [(3, 6, 2, 8), (1, 5, 2, 16), (3, 0, 2, 8), (0, 4, 2, 8), (2, 7, 1, 4), (3, 5, 2, 7)]
+
+
+@pytest.mark.parametrize("shape", ROPE_POSITION_SHAPES)
+def test_fused_rope_positions_matches_reference_forward_and_backward(shape):
+    x = rand(*shape, seed=3)
+    ref = run_fwd_bwd(lambda t: attention.rope_positions(t, 100.0), [x])
+    fused = run_fwd_bwd(lambda t: attention.rope_positions(t, 100.0, kernel="fused"), [x])
+    _same(ref, fused)
+    # and the reference is rope() at positions [L, 1] (what the fused MultiHeadAttention used to call)
+    pos = torch.arange(shape[1])[:, None]
+    _same(ref, run_fwd_bwd(lambda t: attention.rope(t, pos, 100.0), [x]))
+
+
+def test_fused_rope_positions_on_a_strided_view_and_with_tables_cached_in_inference_mode():
+    """A head-major view is made contiguous; tables first built under inference_mode still train."""
+    with torch.inference_mode():
+        attention.rope_positions(rand(2, 6, 2, 8, seed=4), 10.0, kernel="fused")
+    x = rand(2, 2, 6, 8, seed=5)
+    _same(run_fwd_bwd(lambda t: attention.rope_positions(t.transpose(1, 2), 10.0), [x]),
+          run_fwd_bwd(lambda t: attention.rope_positions(t.transpose(1, 2), 10.0, kernel="fused"), [x]))

@@ -229,6 +229,7 @@ def _sample_args() -> dict[str, tuple]:
         "jagged.compact": (x, mask),
         "attention.safe_key_mask": (mask,),
         "attention.rope": (q, torch.arange(4)),
+        "attention.rope_positions": (q,),
         "attention.masked_attention": (q, q, q, mask),
         "attention.jagged_attention": (jq, jq, jq, lengths, 3),
         "attention.pooled_attention": (q[:, :, :2], q, q, mask),
@@ -268,7 +269,7 @@ def test_every_public_op_takes_kernel_and_dispatches_or_raises():
                 fn(*args[name], kernel="fused")
 
 
-FUSED_TWINS = {"attention.rope"}
+FUSED_TWINS = {"attention.rope", "attention.rope_positions"}
 
 
 def test_resolve_kernel():

@@ -25,6 +25,7 @@ from torch import nn
 
 from opengem.model.sequence import MultiHeadAttention, PooledAttention
 from opengem.model.wukong import CrossLayerAttention, WukongConfig, WukongLayer, layer_token_counts
+from opengem.ops.cpu_autocast import fp32_under_cpu_autocast
 from opengem.ops.jagged import ensure_nonempty, gather_last, zero_padding
 from opengem.ops.kernel import Kernel
 
@@ -91,6 +92,7 @@ class CrossArch(nn.Module):
         self.n_s = cfg.n_cls + cfg.n_pma + cfg.n_recent
         self.kernel = Kernel.PYTORCH
 
+    @fp32_under_cpu_autocast
     def forward(
         self, x: torch.Tensor, s: torch.Tensor, mask: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -156,6 +158,7 @@ class SequenceArch(nn.Module):
         out = s + out if self.cfg.seq_residual else out
         return ln(out) if self.cfg.seq_norm == "post" else out
 
+    @fp32_under_cpu_autocast
     def forward(self, x_sum: torch.Tensor, s: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         if self.pffn_gen is not None:
             s = self._sub(s, lambda h: self.pffn(x_sum, h), self.ln1)

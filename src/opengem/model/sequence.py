@@ -28,7 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from opengem.ops.attention import masked_attention, pooled_attention, rope
+from opengem.ops.attention import masked_attention, pooled_attention, rope, rope_positions
+from opengem.ops.cpu_autocast import fp32_under_cpu_autocast
 from opengem.ops.jagged import compact, ensure_nonempty, gather_last, zero_padding
 from opengem.ops.kernel import WITH_FUSED, Kernel, resolve_kernel
 
@@ -101,8 +102,9 @@ class MultiHeadAttention(nn.Module):
         v = F.linear(keys, wv, bv).view(B, Lk, H, dh)
         if self.use_rope:
             fused = Kernel.FUSED
-            q = rope(q, _token_major_pos(q_pos, B, H, Lq, query.device), self.rope_base, kernel=fused)
-            k = rope(k, _token_major_pos(k_pos, B, H, Lk, keys.device), self.rope_base, kernel=fused)
+            q, k = (rope_positions(t, self.rope_base, kernel=fused) if pos is None else
+                    rope(t, _token_major_pos(pos, B, H, t.shape[1], t.device), self.rope_base, kernel=fused)
+                    for t, pos in ((q, q_pos), (k, k_pos)))
         return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
     def _merge(self, o: torch.Tensor) -> torch.Tensor:
@@ -278,6 +280,7 @@ class SequenceEncoder(nn.Module):
             for _ in range(cfg.full_layers if cfg.kind == "full" else 0)
         )
 
+    @fp32_under_cpu_autocast
     def forward(
         self, values: torch.Tensor, mask: torch.Tensor, target: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -22,6 +22,7 @@ from torch import nn
 
 from opengem.model.sequence import MultiHeadAttention
 from opengem.ops import fmb as fmb_ops
+from opengem.ops.cpu_autocast import fp32_under_cpu_autocast
 from opengem.ops.kernel import Kernel
 
 
@@ -138,6 +139,7 @@ class CrossLayerAttention(nn.Module):
         self.attn = MultiHeadAttention(d, num_heads)
         self.kernel = Kernel.PYTORCH
 
+    @fp32_under_cpu_autocast
     def forward(self, x: torch.Tensor, memory: list[torch.Tensor]) -> torch.Tensor:
         # fused: the first layer's memory is the input tokens alone, read as they are (the reference copies
         # them through a one-element cat, forward and backward). K/V of earlier layers cannot be kept

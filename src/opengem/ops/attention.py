@@ -42,6 +42,17 @@ def rope(
     return pt_attention.rope(x, pos, base)
 
 
+def rope_positions(x: torch.Tensor, base: float = 10000.0, *, kernel: Kernel | str = Kernel.PYTORCH
+                   ) -> torch.Tensor:
+    """:func:`rope` of token-major rows [..., L, H, dh] at positions 0..L-1 (right-padded: slot = position).
+
+    The fused kernel caches the cos/sin tables per shape and rotates in one autograd Function.
+    """
+    if resolve_kernel(kernel, WITH_FUSED) is Kernel.FUSED:
+        return fused_attention.rope_positions(x, base)
+    return pt_attention.rope_positions(x, base)
+
+
 def masked_attention(
     q: torch.Tensor,
     k: torch.Tensor,

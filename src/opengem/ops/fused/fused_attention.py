@@ -10,9 +10,17 @@ would then report as useful work.) The attention core stays the reference's SDPA
 flash kernel beats baddbmm + softmax + bmm at GEM's shapes (about 2x on fwd + bwd), because CPU bmm
 backward on transposed operands falls back to one small matmul per (row, head).
 Same math as the reference (the tests pin forward and backward equality).
+
+``rope_positions`` (token-major rows at positions 0..L-1, what every GEM self-attention uses): the tables
+are cached per (length, heads, width, dtype) instead of rebuilt (arange, cos, sin, two cats, two dense
+copies) for q and for k at every call, and one autograd Function applies the rotation, so backward is two
+multiplies and a roll with nothing saved but the tables (autograd's generic path keeps the roll's and both
+products' inputs and runs roll, mul, mul, add backward nodes).
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -51,3 +59,38 @@ def rope(x: torch.Tensor, pos: torch.Tensor, base: float) -> torch.Tensor:
     x = x.contiguous()
     rotated = x.roll(dh // 2, dims=-1)  # [x2, x1] (the sign lives in ``sin``); roll: 2x faster than flip
     return torch.addcmul(x * cos, rotated, sin)
+
+
+
+@functools.lru_cache(maxsize=64)
+def _position_tables(length: int, heads: int, dh: int, base: float, dtype: torch.dtype, device: torch.device
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cos, signed sin) [L, H, dh] for positions 0..L-1, dense over the heads (long vectorised inner loops,
+    see :func:`_dense_tables`). Constants: cached per shape, never differentiated; built outside inference
+    mode so that a cache first filled while serving still works in training."""
+    with torch.inference_mode(False), torch.no_grad():
+        pos = torch.arange(length, device=device)[:, None]
+        return _dense_tables(pos, torch.Size((length, heads, dh)), base, dtype)
+
+
+class _Rotate(torch.autograd.Function):
+    """x * cos + roll(x, dh/2) * sin; backward: the transposed rotation (a roll by dh/2 is its own inverse),
+    with nothing saved but the cached tables."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
+        ctx.save_for_backward(cos, sin)
+        return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), sin)
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor) -> tuple[torch.Tensor, None, None]:  # noqa: ANN001
+        cos, sin = ctx.saved_tensors
+        return (g * sin).roll(g.shape[-1] // 2, dims=-1).add_(g * cos), None, None
+
+
+def rope_positions(x: torch.Tensor, base: float) -> torch.Tensor:
+    L, H, dh = x.shape[-3:]
+    if dh % 2 or torch.compiler.is_compiling():  # odd widths: the reference's form; compile: no cache
+        return pt_attention.rope_positions(x, base)
+    cos, sin = _position_tables(L, H, dh, float(base), x.dtype, x.device)
+    return _Rotate.apply(x.contiguous(), cos, sin)

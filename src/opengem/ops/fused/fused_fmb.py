@@ -10,7 +10,9 @@ joins FMB and LCB tokens with a ``cat`` before adding the residual. Here:
   (``baddbmm`` onto the FMB tokens padded with nL zero tokens), so no ``cat`` and no separate add;
 - the MLP runs as ``addmm`` with in-place ReLU.
 
-Same math as the reference up to fp32 rounding (the tests pin forward and backward equality).
+Same math as the reference up to fp32 rounding (the tests pin forward and backward equality). Under CPU
+autocast the two thin batched products (``fm_product``, ``combine``) run in fp32 and only the MLP in bf16
+(see :mod:`opengem.ops.cpu_autocast`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from opengem.ops.cpu_autocast import fp32_under_cpu_autocast
 
+
+@fp32_under_cpu_autocast
 def fm_product(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """X · (Xᵀ Y) -> [B, n, k]; y is a shared [n, k] or a per-example [B, n, k]."""
     if y.dim() == 2:
@@ -56,6 +61,7 @@ def mixing_weight(n_fm: int, w_lin: torch.Tensor, w_res: torch.Tensor | None) ->
     return torch.cat([w_res[:n_fm], w_res[n_fm:] + w_lin], dim=0)
 
 
+@fp32_under_cpu_autocast
 def combine(
     fmb_tokens: torch.Tensor,
     x: torch.Tensor,

@@ -92,3 +92,10 @@ def flop_formulas() -> dict[Any, Callable[..., int]]:
         if op is not None and op not in flop_counter.flop_registry:
             formulas[op] = fn
     return formulas
+
+
+
+def rope_positions(x: torch.Tensor, base: float) -> torch.Tensor:
+    """RoPE of token-major rows [..., L, H, dh] at positions 0..L-1 (the form MultiHeadAttention's fused
+    path used before it had its own op)."""
+    return rope(x, torch.arange(x.shape[-3], device=x.device)[:, None], base)
