@@ -634,9 +634,9 @@ def check_columns(cols: Columns, schema: FeatureSchema, file: str | Path, log: P
 
 
 def _element_rows(ln: np.ndarray, bad: np.ndarray) -> np.ndarray:
-    """Row index (within cols) of each bad flat element."""
-    offsets = np.cumsum(ln)
-    return np.searchsorted(offsets, np.flatnonzero(bad), side="right")
+    """Row index (within cols) of each bad flat element (``bad``: a mask, or the flat indices)."""
+    index = np.flatnonzero(bad) if bad.dtype == bool else bad
+    return np.searchsorted(np.cumsum(ln), index, side="right")
 
 
 def _check_ids(name: str, ln: np.ndarray, v: np.ndarray, vocab: int, pol: str, cols: Columns,
@@ -656,8 +656,8 @@ def _check_ids(name: str, ln: np.ndarray, v: np.ndarray, vocab: int, pol: str, c
             drop[r] = True
         else:  # a repair drops nothing: find the rows of only the ids the log keeps (a VM schema hashes
             # most ids of a request past its cap, and finding every row cost more than the rest)
-            first = np.flatnonzero(bad)[:log.room] if log.room else np.zeros(0, dtype=np.int64)
-            r = np.searchsorted(np.cumsum(ln), first, side="right") if len(first) else first
+            first = np.flatnonzero(bad)[:log.room]
+            r = _element_rows(ln, first)
             log.add(file, name, what, pol, cols.rows[r], v[first], count=int(np.count_nonzero(bad)))
     if pol == "hash":
         return np.mod(v, vocab)

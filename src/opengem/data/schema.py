@@ -163,7 +163,7 @@ class FeatureSchema:
     @property
     def num_dense_inputs(self) -> int:
         """Width of ``Batch.dense``: what every model, FLOP count and exported input is sized by."""
-        return len(self.dense) + 2 * len(self.time_features)
+        return len(self.dense) + len(self.time_feature_names)
 
     def sequence(self, name: str) -> SequenceGroup:
         for g in self.sequences:

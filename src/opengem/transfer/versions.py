@@ -172,6 +172,17 @@ def max_ts(files: list[Path], column: str) -> int:
     return best
 
 
+def _version_config(fm_cfg: Any, train_parts: list[str], eval_part: str) -> Any:
+    """The FM config of one version's run: ``fm_cfg`` training on ``train_parts``, evaluated on the next
+    partition, quietly and without a final evaluation (the experiment scores versions itself)."""
+    cfg = copy.deepcopy(fm_cfg)
+    cfg.data.train = ",".join(train_parts)
+    cfg.data.eval = eval_part
+    cfg.train.final_eval = False
+    cfg.train.progress = False
+    return cfg
+
+
 def train_fm_versions(
     fm_cfg: Any,
     data_dir: str | Path,
@@ -195,11 +206,7 @@ def train_fm_versions(
         vdir = version_dir(run, k)
         if reuse and (vdir / "manifest.json").exists():
             continue
-        cfg = copy.deepcopy(fm_cfg)
-        cfg.data.train = ",".join(parts[:k])
-        cfg.data.eval = parts[k]
-        cfg.train.final_eval = False
-        cfg.train.progress = False
+        cfg = _version_config(fm_cfg, parts[:k], parts[k])
         train(cfg, vdir, data_dir, resume=reuse, force=not reuse)  # resume=True on an empty folder: fresh
         tt = max_ts([f for p in parts[:k] for f in ds.files(p)], ds.schema.time_column)
         write_manifest(vdir, k, tt, partitions=list(parts[:k]), mode="scratch")
@@ -245,11 +252,7 @@ def train_warm_versions(fm_cfg: Any, data_dir: str | Path, run: str | Path, part
                                    f"{new}; use a fresh run folder")
             prev = have
             continue
-        cfg = copy.deepcopy(fm_cfg)
-        cfg.data.train = ",".join(new)
-        cfg.data.eval = partitions[k]
-        cfg.train.final_eval = False
-        cfg.train.progress = False
+        cfg = _version_config(fm_cfg, new, partitions[k])
         with Trainer(cfg, vdir, data_dir, resume=True) as trainer:  # resume: its own interrupted run
             if trainer.resumed is None and prev is not None:
                 o = trainer.optimizers

@@ -61,7 +61,6 @@ def rope(x: torch.Tensor, pos: torch.Tensor, base: float) -> torch.Tensor:
     return torch.addcmul(x * cos, rotated, sin)
 
 
-
 @functools.lru_cache(maxsize=64)
 def _position_tables(length: int, heads: int, dh: int, base: float, dtype: torch.dtype, device: torch.device
                      ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -94,7 +94,6 @@ def flop_formulas() -> dict[Any, Callable[..., int]]:
     return formulas
 
 
-
 def rope_positions(x: torch.Tensor, base: float) -> torch.Tensor:
     """RoPE of token-major rows [..., L, H, dh] at positions 0..L-1 (the form MultiHeadAttention's fused
     path used before it had its own op)."""
