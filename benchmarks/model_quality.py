@@ -6,7 +6,8 @@
     .venv/bin/python benchmarks/model_quality.py throughput # examples/s and peak RSS, GEM-small vs DLRM
     options: --out DIR (results, default runs/model_quality), --seeds 0,1,2, --models a,b, --table-only,
              --data DIR (dataset; default: simulated / converted into --out from /work/shared/data),
-             --jobs N (runs at a time), --best-lr-seeds 1,2,3,4 (sim: seeds rerun at each best lr)
+             --jobs N (runs at a time), --best-lr-seeds 1,2,3,4 (sim: seeds rerun at each best lr; none),
+             --lrs 1e-3,3e-3 (the lr grid)
 
 Every (model, seed) is one process (benchmarks/quality_harness.py) writing one JSON file; a result that
 already exists is reused, so an interrupted benchmark resumes, and ``--table-only`` reprints the tables.
@@ -331,12 +332,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", default=None)
     p.add_argument("--table-only", action="store_true")
     p.add_argument("--jobs", type=int, default=1, help="runs at a time (each one process, one thread)")
-    p.add_argument("--best-lr-seeds", default=None, help="sim: seeds rerun at each best lr (1-4)")
+    p.add_argument("--best-lr-seeds", default=None,
+                   help="sim: seeds rerun at each best lr (1-4; 'none' = only the grid's seeds)")
+    p.add_argument("--lrs", default=None, help="the lr grid, e.g. 1e-3,3e-3 (default: the benchmark's)")
     p.add_argument("overrides", nargs="*", help="extra section.key=value for every run")
     args = p.parse_args(argv)
     spec = dict(BENCHES[args.bench])
     if args.best_lr_seeds:
-        spec["best_lr_seeds"] = [int(s) for s in args.best_lr_seeds.split(",")]
+        spec["best_lr_seeds"] = ([] if args.best_lr_seeds == "none"
+                                 else [int(s) for s in args.best_lr_seeds.split(",")])
+    if args.lrs:
+        spec["lrs"] = [float(x) for x in args.lrs.split(",")]
     out = Path(args.out)
     models = args.models.split(",") if args.models else spec["models"]
     seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else spec["seeds"]
