@@ -10,7 +10,8 @@ TINY = Path(__file__).resolve().parents[1] / "configs" / "tiny.toml"
 
 
 def test_demo_tiny(tmp_path, capsys):
-    assert main(["--config", str(TINY), "--out", str(tmp_path), "train.progress=false", "train.steps=6"]) == 0
+    assert main(["--config", str(TINY), "--out", str(tmp_path), "train.progress=false", "train.steps=6",
+                 "--set", 'overrides.dlrm=["model.embedding.d=6"]']) == 0
     text = capsys.readouterr().out
     demo = load_demo_config(None, [])
     summaries = {}
@@ -23,6 +24,8 @@ def test_demo_tiny(tmp_path, capsys):
         summaries[name] = json.loads((tmp_path / name / "train_summary.json").read_text())
         cfg_text = (tmp_path / name / "config.toml").read_text()
         assert f"lr = {demo.lr[name]}" in cfg_text or f"lr = {demo.lr[name]:g}" in cfg_text  # its own rate
+        widths = [line for line in cfg_text.splitlines() if line.startswith("d = ")]
+        assert widths == (["d = 6"] if name == "dlrm" else ["d = 16"]), (name, widths)  # its own only
     assert (tmp_path / "data" / "summary.json").exists()
     # equal training FLOPs: each baseline's 3 x FLOPs/example x rows is GEM's to within half a batch
     gem = summaries["gem"]
@@ -51,6 +54,10 @@ def test_demo_config_refuses_bad_values():
         load_demo_config(None, ['baselines=["nope"]'])
     with pytest.raises(ConfigError, match="> 0"):
         load_demo_config(None, ["lr.gem=0"])
+    with pytest.raises(ConfigError, match="same data"):
+        load_demo_config(None, ['overrides.dlrm=["data.sim.rows=10"]'])
+    with pytest.raises(ConfigError, match="unknown model"):
+        load_demo_config(None, ['overrides.nope=["model.embedding.d=8"]'])
 
 
 @pytest.mark.slow

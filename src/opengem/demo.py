@@ -36,6 +36,10 @@ class DemoConfig:
 
     baselines: list[str] = field(default_factory=lambda: ["dlrm", "dcnv2"])
     lr: dict[str, float] = field(default_factory=dict)  # model -> train.lr; a model not listed: the recipe's
+    # model -> its own "section.key=value" overrides on the recipe (before the command line's), for what one
+    # recipe cannot say for every family, e.g. a baseline's tuned embedding width. Never data.*: every model
+    # reads the same rows.
+    overrides: dict[str, list[str]] = field(default_factory=dict)
     equal_flops: bool = True  # baselines train for GEM's training FLOPs (false: the recipe's rows each)
     # Every model's dense lr schedule (train.lr_decay / train.min_lr_ratio). Issue 14: at a constant rate the
     # last iterate's level per surface x task wanders (two runs of one DLRM config: video/click 1.09 and
@@ -62,7 +66,7 @@ def load_demo_config(path: str | Path | None, overrides: list[str]) -> DemoConfi
     from opengem.train.config import LR_DECAYS
 
     cfg = load_config(DemoConfig, path or _repo_file("isoflop-demo.toml"), overrides)
-    for name in ["gem", *cfg.baselines, *cfg.lr]:
+    for name in ["gem", *cfg.baselines, *cfg.lr, *cfg.overrides]:
         if name not in MODEL_NAMES:
             raise ConfigError(f"demo config: unknown model {name!r} (choose from {', '.join(MODEL_NAMES)})")
     bad = {k: v for k, v in cfg.lr.items() if not v > 0}
@@ -73,6 +77,12 @@ def load_demo_config(path: str | Path | None, overrides: list[str]) -> DemoConfi
                           f"(got {cfg.lr_decay!r})")
     if not 0 < cfg.min_lr_ratio <= 1:
         raise ConfigError(f"demo config: min_lr_ratio must be in (0, 1] (got {cfg.min_lr_ratio})")
+    for name, ovs in cfg.overrides.items():
+        bad_ovs = [o for o in ovs
+                   if "=" not in o or not o.split("=", 1)[0].strip().startswith(("model.", "train."))]
+        if bad_ovs:
+            raise ConfigError(f"demo config: overrides.{name} may only set model.* and train.* keys as "
+                              f"section.key=value (every model reads the same data; got {bad_ovs})")
     return cfg
 
 
@@ -218,7 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     results, compute = {}, {}
     gem_examples = gem_flops = 0
     for name in dict.fromkeys(["gem", *demo.baselines]):
-        run_cfg = copy.deepcopy(cfg)
+        own = demo.overrides.get(name, [])
+        run_cfg = load_run_config(config, [*own, *args.overrides]) if own else copy.deepcopy(cfg)
         run_cfg.model.name = name
         run_cfg.train.final_eval = False  # evaluate_run below does it once, with the oracle
         run_cfg.train.lr = demo.lr.get(name, run_cfg.train.lr)
@@ -236,7 +247,8 @@ def main(argv: list[str] | None = None) -> int:
         if name == "gem":
             gem_examples, gem_flops = summary["examples"], flops
         compute[name] = 3.0 * flops * summary["examples"]
-        print(f"[demo] trained {name} (lr {run_cfg.train.lr:g}): {summary['steps']} steps, "
+        print(f"[demo] trained {name} (lr {run_cfg.train.lr:g}{''.join(', ' + o for o in own)}): "
+              f"{summary['steps']} steps, "
               f"{summary['examples']:,} rows x {flops / 1e6:.2f} MFLOP/example = {compute[name]:.3g} "
               f"training FLOPs, {summary['examples_per_s']:,.0f} ex/s, loss {summary['first_loss']:.4f} -> "
               f"{summary['last_loss']:.4f} ({timings[f'train {name}']:.1f}s)", flush=True)
