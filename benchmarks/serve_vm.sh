@@ -10,10 +10,11 @@
 # `opengem bench serve`: backends eager,export,aoti x candidates 1,64,512 x clients 1,4,16, then the swap
 # of 5 successive versions under load (AOTI), and 6. the same 512-candidate cells with Arrow bodies;
 # first, the in-process stage timings (`bench serve --in-process`: decode, encode, forward, score_many),
-# last, where one client's request time goes (benchmarks/serve_vm_probe.py: the server's CPU and stages
-# against an echo app on the same HTTP stack). Results: DIR/serve_vm_stages.{json,txt},
-# DIR/serve_vm.{json,txt}, DIR/serve_vm_arrow.{json,txt}, DIR/serve_vm_probe.{json,txt}, with `uptime`
-# before and after.
+# then where one client's request time goes (benchmarks/serve_vm_probe.py: the server's CPU and stages
+# against an echo app on the same HTTP stack), last the model thread's score_many against the same
+# requests in-process, interleaved (benchmarks/serve_vm_score_ab.py). Results: DIR/serve_vm_stages.{json,txt},
+# DIR/serve_vm.{json,txt}, DIR/serve_vm_arrow.{json,txt}, DIR/serve_vm_probe.{json,txt},
+# DIR/serve_vm_score_ab.{json,txt}, with `uptime` before and after.
 # The server is pinned to one CPU and the clients to the others (bench serve's default with >= 2 CPUs);
 # the server runs 1 torch thread. Steps 1-4 are skipped when their output exists (rerun = just measure).
 # --smoke: a few requests per cell, 1 swap version: checks the script end to end, measures nothing.
@@ -90,6 +91,8 @@ echo "uptime before: $(uptime)" | tee "$OUT/uptime.txt"
   --server-threads 1 --body arrow --out "$OUT/serve_vm_arrow.json" | tee "$OUT/serve_vm_arrow.txt"
 "$PY" benchmarks/serve_vm_probe.py --model "$W/vm-export" --data "$W/vmdata" --backend aoti \
   --requests "$((REQUESTS < 300 ? REQUESTS : 300))" --out "$OUT/serve_vm_probe.json" | tee "$OUT/serve_vm_probe.txt"
+"$PY" benchmarks/serve_vm_score_ab.py --model "$W/vm-export" --data "$W/vmdata" --backend aoti \
+  --requests "$((REQUESTS < 300 ? REQUESTS : 300))" --out "$OUT/serve_vm_score_ab.json" | tee "$OUT/serve_vm_score_ab.txt"
 echo "uptime after: $(uptime)" | tee -a "$OUT/uptime.txt"
 [ "$SMOKE" = 1 ] && echo "serve_vm.sh: smoke run (few requests per cell): these numbers are not measurements"
 exit 0

@@ -15,10 +15,12 @@ spends instead, with one keep-alive client (http.client, bodies built before tim
 Per server: the client's wall p50/p90/p99, the client thread's CPU per request (``time.thread_time``), the
 server process's CPU per request (``/proc/PID/stat``, user + system, over the timed requests) and, for
 the real server, the mean of each stage of ``opengem_request_stage_seconds`` (read, decode, queue,
-score, reply) over the same requests (``/proc`` counts in clock ticks, 10 ms: time a few hundred
-requests, not a handful). Server CPU minus the echo's is the model's path; wall minus both
-CPUs is waiting (the scheduler, other processes): compare CPUs across runs, and walls only on a quiet
-machine. ``benchmarks/serve_vm.sh`` runs it after the grid.
+score, reply) over the same requests, and the model thread's wall and own CPU time per batch (a score
+stage far above its CPU is the thread waiting for a core, not computing), and the garbage collections
+that ran during them (count and total pause). ``/proc`` counts in clock ticks (10 ms): time a few
+hundred requests, not a handful. Server CPU minus the echo's is the model's
+path; wall minus both CPUs is waiting (the scheduler, other processes): compare CPUs across runs, and
+walls only on a quiet machine. ``benchmarks/serve_vm.sh`` runs it after the grid.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from opengem.serve import arrow_io
 from opengem.serve.runtime import available_cpus, split_cpus
 
 STAGES = ("read", "decode", "queue", "score", "reply")
+BATCH = ("batch_wall", "batch_cpu")  # per score_many call: the model thread's wall time and its own CPU
 
 
 def echo_server(reply_file: str, ctype: str, cpus: str) -> None:
@@ -80,9 +83,19 @@ def _process_cpu_s(pid: int) -> float:
 
 
 def _stage_sums(port: int) -> dict[tuple[str, str], float]:
+    """Sums and counts of the per-stage histograms, and of the model thread's wall and CPU time per batch
+    (``opengem_batch_seconds`` / ``opengem_batch_cpu_seconds``, keyed ``batch_wall`` / ``batch_cpu``)."""
     text = http_get(port, "/metrics")[1].decode()
-    return {(m.group(2), m.group(1)): float(m.group(3)) for m in re.finditer(
+    out = {(m.group(2), m.group(1)): float(m.group(3)) for m in re.finditer(
         r'opengem_request_stage_seconds_(sum|count)\{stage="(\w+)"\} ([0-9.e+-]+)', text)}
+    for m in re.finditer(r'opengem_gc_pause_seconds_(sum|count)\{generation="(\d)"\} ([0-9.e+-]+)', text):
+        out[("gc", m.group(1))] = out.get(("gc", m.group(1)), 0.0) + float(m.group(3))
+    for name, key in (("opengem_batch_seconds", "batch_wall"), ("opengem_batch_cpu_seconds", "batch_cpu")):
+        for part in ("sum", "count"):
+            m = re.search(rf"^{name}_{part} ([0-9.e+-]+)$", text, re.M)
+            if m:
+                out[(key, part)] = float(m.group(1))
+    return out
 
 
 def probe(cmd: list[str], bodies: list[bytes], headers: dict[str, str], requests: int,
@@ -121,7 +134,10 @@ def probe(cmd: list[str], bodies: list[bytes], headers: dict[str, str], requests
     out = {"wall_p50_ms": float(np.percentile(w, 50)), "wall_p90_ms": float(np.percentile(w, 90)),
            "wall_p99_ms": float(np.percentile(w, 99)), "client_cpu_ms": float(np.mean(cpu)) * 1e3,
            "server_cpu_ms": server_cpu * 1e3}
-    for st in STAGES if stages else ():
+    if stages:  # garbage collections during the timed requests (the heap is frozen: expect few, short)
+        out["gc_collections"] = s1.get(("gc", "count"), 0.0) - s0.get(("gc", "count"), 0.0)
+        out["gc_ms"] = (s1.get(("gc", "sum"), 0.0) - s0.get(("gc", "sum"), 0.0)) * 1e3
+    for st in (*STAGES, *BATCH) if stages else ():
         n = s1[(st, "count")] - s0.get((st, "count"), 0)
         out[f"{st}_ms"] = (s1[(st, "sum")] - s0.get((st, "sum"), 0)) / n * 1e3 if n else float("nan")
     return out, reply
@@ -176,6 +192,8 @@ def main() -> None:
                 f"server {r['server_cpu_ms']:.3f} ms")
         if "score_ms" in r:
             line += " | stages " + ", ".join(f"{st} {r[st + '_ms']:.3f}" for st in STAGES)
+            line += (f" | model thread per batch: wall {r['batch_wall_ms']:.3f}, CPU {r['batch_cpu_ms']:.3f}"
+                     f" | {r['gc_collections']:.0f} garbage collections, {r['gc_ms']:.2f} ms in all")
         print(line)
     if a.out:
         Path(a.out).write_text(json.dumps(out, indent=2))

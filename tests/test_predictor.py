@@ -297,13 +297,60 @@ def test_json_fast_path_slow_path_and_arrow_table_give_the_same_batch(which, fm,
         for k, v in c.items():
             c[k] = tuple(v) if isinstance(v, list) else (np.int64(v) if isinstance(v, int) else v)
     slow, _ = p.encode([slow_req])
-    table_req = {**arrow_io.decode_request(arrow_io.encode_request(req), tables=True), "ts": req["ts"]}
+    table_req = arrow_io.decode_request(arrow_io.encode_request(req), tables=True)  # ts rides along
     assert isinstance(table_req["candidates"], pa.Table)
     table, _ = p.encode([table_req])
     loader = next(iter(ParquetLoader([f], p.schema, 9, drop_last=False)))
     for other in (slow, table, loader):
         _same_batch(fast, other)
     assert counts == [9]
+
+
+def test_arrow_body_carries_the_request_time_as_json_does(fm, tmp_path):
+    """An Arrow body's ``ts`` (schema metadata, as ``ts`` is a key of a JSON request) is the request time:
+    the same Batch as the JSON request with that ``ts``, on the per-request and the merged Arrow paths,
+    and the hour-of-day feature follows it (absent, the server's clock would decide)."""
+    from opengem.serve import arrow_io
+
+    p, path = fm
+    assert p.schema.time_features  # the simulator's schema derives the hour of the day from ts
+    rows, _ = rows_of_one_surface(path, p.schema, 5, tmp_path)
+    req = request_of(rows, p.schema)
+    body = arrow_io.encode_request(req)
+    decoded = arrow_io.decode_request(body, tables=True)
+    assert decoded["ts"] == req["ts"] and isinstance(decoded["ts"], int)
+    want, _ = p.encode([req])
+    for reqs in ([decoded], [decoded, decoded]):  # one request: per-request path; two: merged tables
+        got, _ = p.encode(reqs)
+        assert got.ts.tolist() == [req["ts"]] * got.batch_size
+        n = want.batch_size
+        assert torch.equal(got.dense[:n], want.dense) and torch.equal(got.ts[:n], want.ts)
+    later = arrow_io.decode_request(arrow_io.encode_request({**req, "ts": req["ts"] + 3 * 3600}),
+                                    tables=True)
+    moved, _ = p.encode([later])
+    assert not torch.equal(moved.dense, want.dense)  # three hours later: another hour of the day
+
+
+@pytest.mark.parametrize("ts", ["soon", "1.5", "--3", "1" * 25, ""])
+def test_arrow_metadata_ts_that_is_not_an_integer_is_one_bad_request_line(ts):
+    from opengem.serve import arrow_io
+
+    table = pa.table({"ad_id": [1]}).replace_schema_metadata({"surface": "0", "ts": ts})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    with pytest.raises(BadRequest, match=r"^Arrow schema metadata 'ts' must be an integer time"):
+        arrow_io.decode_request(sink.getvalue().to_pybytes(), tables=True)
+
+
+def test_arrow_metadata_ts_past_int64_is_refused_by_the_predictor_as_for_json(vm, tmp_path):
+    from opengem.serve import arrow_io
+
+    p, path = vm
+    rows, _ = rows_of_one_surface(path, p.schema, 2, tmp_path)
+    req = {**request_of(rows, p.schema), "ts": 2 ** 63}
+    with pytest.raises(BadRequest, match=r"'ts' must be an integer time"):
+        p.score(arrow_io.decode_request(arrow_io.encode_request(req), tables=True))
 
 
 def test_arrow_table_candidates_refuse_in_one_line_naming_the_feature(vm, tmp_path):

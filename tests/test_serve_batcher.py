@@ -3,6 +3,8 @@ request or a crashing model fails only the requests it concerns."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from opengem.serve.batcher import DynamicBatcher, ServerBusy
@@ -28,7 +30,7 @@ def test_batch_never_exceeds_max_batch_candidates() -> None:
     model = FakePredictor()
     seen: list[int] = []
     b = DynamicBatcher(lambda: model, max_batch_candidates=7, max_wait_us=100_000,
-                       on_batch=lambda n, c, s: seen.append(c))
+                       on_batch=lambda n, c, s, cpu: seen.append(c))
     futures = [b.submit_nowait(request(3, start=i)) for i in range(10)]
     for f in futures:
         f.result(timeout=10)
@@ -97,3 +99,32 @@ def test_limits_are_checked() -> None:
         DynamicBatcher(lambda: FakePredictor(), max_batch_candidates=0)
     with pytest.raises(ValueError, match="max_wait_us"):
         DynamicBatcher(lambda: FakePredictor(), max_wait_us=-1)
+
+
+class _Spinning(FakePredictor):
+    """Computes for ``cpu_s`` of this thread's CPU time per call (a busy loop), then scores."""
+
+    def __init__(self, cpu_s: float) -> None:
+        super().__init__()
+        self.cpu_s = cpu_s
+
+    def score_many(self, requests):  # type: ignore[no-untyped-def]
+        start = time.thread_time()
+        while time.thread_time() - start < self.cpu_s:
+            pass
+        return super().score_many(requests)
+
+
+def test_batch_cpu_time_tells_computing_from_waiting() -> None:
+    """A model that sleeps (waits, as a thread preempted by other processes does) takes wall time but no
+    CPU; one that computes takes both: the per-batch CPU time is the model thread's own."""
+    seen: list[tuple[float, float]] = []
+    for model in (FakePredictor(delay_s=0.2), _Spinning(cpu_s=0.05)):
+        b = DynamicBatcher(lambda m=model: m, max_wait_us=0,
+                           on_batch=lambda n, c, s, cpu: seen.append((s, cpu)))
+        b.submit_nowait(request(2)).result(timeout=30)
+        b.close()
+        assert (b.stats.seconds, b.stats.cpu_seconds) == seen[-1]
+    (sleep_wall, sleep_cpu), (spin_wall, spin_cpu) = seen
+    assert sleep_wall >= 0.2 and sleep_cpu < 0.05
+    assert spin_cpu >= 0.05 and spin_wall >= spin_cpu

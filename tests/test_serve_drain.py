@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import http.client
+import os
 import re
 import signal
 import subprocess
@@ -72,6 +73,56 @@ def test_sigterm_finishes_the_request_in_flight_and_exits_0() -> None:
     with pytest.raises(OSError):
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
         conn.request("GET", "/healthz")
+
+
+COMPILING_SCRIPT = """
+import subprocess, sys
+import opengem.serve.serve_cli as serve_cli
+from opengem.cli import main
+
+def slow_export(spec, out, backend):  # an AOTI compile: inductor runs the C++ compiler with subprocess.run
+    subprocess.run(["sh", "-c", 'echo $$ > "$0" && exec sleep 120', sys.argv[2]], check=True)
+
+serve_cli.export_run = slow_export
+sys.exit(main(["serve", "--model", sys.argv[1], "--backend", "aoti", "--port", "0"]))
+"""
+
+
+def test_sigterm_while_compiling_before_listening_stops_promptly_and_cleans_up(tmp_path) -> None:
+    """SIGTERM during the AOTI compile a run folder needs before the server listens: the command stops
+    within seconds with 143 and one line, its compiler child is gone and its scratch folder removed."""
+    run, pid_file = tmp_path / "run", tmp_path / "compiler.pid"
+    run.mkdir()
+    proc = subprocess.Popen([sys.executable, "-c", COMPILING_SCRIPT, str(run), str(pid_file)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        scratch = None
+        deadline = time.monotonic() + 120  # the import of torch on a loaded 2-core machine
+        while scratch is None and time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            m = re.search(r"compiling .* into (\S+)", line)
+            if m:
+                scratch = Path(m.group(1)).parent
+            elif not line and proc.poll() is not None:
+                raise AssertionError(f"serve exited before compiling: {proc.stderr.read()}")
+        while not (pid_file.exists() and pid_file.read_text().strip()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        child = int(pid_file.read_text())
+        assert scratch is not None and scratch.is_dir()
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, err
+    assert took < 10, took
+    assert "SIGTERM while loading" in err and "stopped before listening" in err and "Traceback" not in err
+    assert not scratch.exists()
+    with pytest.raises(ProcessLookupError):
+        os.kill(child, 0)
 
 
 @pytest.mark.parametrize(("args", "message"), [

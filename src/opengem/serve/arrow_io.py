@@ -6,7 +6,12 @@ float dense values, list<int64> for multi-valued and sequence fields). A null ce
 dropped, as an absent key is in JSON. The request-level fields ride in the schema metadata, as UTF-8:
 
 - ``surface``: the surface name (``feed``) or its index (``0``);
-- ``context``: a JSON object of the user-context features, ``{"user_id": 17, ...}`` (optional).
+- ``context``: a JSON object of the user-context features, ``{"user_id": 17, ...}`` (optional);
+- ``ts``: the request time, a decimal integer in the schema's ``time_unit`` since the Unix epoch
+  (optional; absent, the server's clock is the request time, exactly as for a JSON body without ``ts``).
+
+The request time rides in the metadata rather than as a column because it is one value per request, as
+``ts`` is one key of a JSON request: the two bodies carry the same fields in the same places.
 
 A reply to an Arrow request that accepts Arrow (``Accept: application/vnd.apache.arrow.stream``) is one
 stream with one float64 column per task, one row per candidate in request order, and ``version`` in the
@@ -19,6 +24,7 @@ arrives as columns; the decode cost per candidate is what a ranking service pays
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pyarrow as pa
@@ -26,6 +32,7 @@ import pyarrow as pa
 from opengem.serve.errors import BadRequest
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
+_INTEGER = re.compile(r"-?[0-9]{1,20}")  # int64's range is checked later; this bounds int()'s work
 
 
 def decode_request(body: bytes, tables: bool = False) -> dict[str, Any]:
@@ -44,14 +51,24 @@ def decode_request(body: bytes, tables: bool = False) -> dict[str, Any]:
     request: dict[str, Any] = {"candidates": table if tables else arrow_rows(table)}
     if "surface" in meta:
         s = meta["surface"]
-        request["surface"] = int(s) if s.lstrip("-").isdigit() else s
+        request["surface"] = int(s) if _INTEGER.fullmatch(s) else s
     if "context" in meta:
         try:
             context = json.loads(meta["context"])
         except json.JSONDecodeError as e:
             raise BadRequest(f"Arrow schema metadata 'context' is not JSON ({e})") from None
         request["context"] = context
+    if "ts" in meta:
+        request["ts"] = _request_ts(meta["ts"])
     return request
+
+
+def _request_ts(text: str) -> int:
+    """The metadata's ``ts`` as an int; the Predictor checks its range, as for a JSON ``ts``."""
+    digits = text.strip()
+    if not _INTEGER.fullmatch(digits):
+        raise BadRequest(f"Arrow schema metadata 'ts' must be an integer time, got {_short(text)!r}")
+    return int(digits)
 
 
 def arrow_rows(table: pa.Table) -> list[dict[str, Any]]:
@@ -71,6 +88,8 @@ def encode_request(request: dict[str, Any]) -> bytes:
         meta["surface"] = str(request["surface"])
     if "context" in request:
         meta["context"] = json.dumps(request["context"])
+    if "ts" in request:
+        meta["ts"] = str(request["ts"])
     table = table.replace_schema_metadata(meta)
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as writer:

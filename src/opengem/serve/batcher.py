@@ -57,6 +57,8 @@ class BatchStats:
     requests: int = 0
     candidates: int = 0
     isolated_retries: int = 0  # batches refused with BadRequest and re-scored request by request
+    seconds: float = 0.0  # wall time in score_many
+    cpu_seconds: float = 0.0  # the worker thread's CPU time in score_many (time.thread_time)
 
 
 @dataclass
@@ -79,12 +81,14 @@ class DynamicBatcher:
     """Queue requests, score them in merged batches on one worker thread.
 
     ``current_model`` returns the predictor to use for the next batch (a hot-swap holder's ``current``).
-    ``on_batch(requests, candidates, seconds)`` is called after every forward pass (metrics).
+    ``on_batch(requests, candidates, seconds, cpu_seconds)`` is called after every forward pass (metrics):
+    ``cpu_seconds`` is the worker thread's own CPU time (``time.thread_time``), so that a batch that took
+    long because the thread waited for a core (other processes) tells itself apart from one that computed.
     """
 
     def __init__(self, current_model: Callable[[], Scorer], max_batch_candidates: int = 2048,
                  max_wait_us: int = 500, max_queue: int = 4096,
-                 on_batch: Callable[[int, int, float], None] | None = None,
+                 on_batch: Callable[[int, int, float, float], None] | None = None,
                  arriving: Callable[[], int] | None = None) -> None:
         if max_batch_candidates < 1:
             raise ValueError(f"max_batch_candidates must be >= 1, got {max_batch_candidates}")
@@ -166,7 +170,7 @@ class DynamicBatcher:
 
     def _run(self, batch: list[Ticket]) -> None:
         model = self.current_model()  # once per batch: a swap never splits a batch
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.thread_time()
         for it in batch:
             it.started = t0
         try:
@@ -187,13 +191,15 @@ class DynamicBatcher:
             for it, reply in zip(batch, replies, strict=True):
                 it.finished = done
                 it.future.set_result(reply)
-        seconds = time.perf_counter() - t0
+        seconds, cpu_seconds = time.perf_counter() - t0, time.thread_time() - cpu0
         cands = sum(it.candidates for it in batch)
         self.stats.batches += 1
         self.stats.requests += len(batch)
         self.stats.candidates += cands
+        self.stats.seconds += seconds
+        self.stats.cpu_seconds += cpu_seconds
         if self.on_batch is not None:
-            self.on_batch(len(batch), cands, seconds)
+            self.on_batch(len(batch), cands, seconds, cpu_seconds)
 
     @staticmethod
     def _run_alone(model: Scorer, batch: list[Ticket]) -> None:

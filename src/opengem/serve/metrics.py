@@ -40,6 +40,10 @@ class ServerMetrics:
                                           buckets=CANDIDATE_BUCKETS, registry=r)
         self.batch_seconds = Histogram("opengem_batch_seconds", "Time of one score_many call",
                                        buckets=LATENCY_BUCKETS, registry=r)
+        # the model thread's own CPU time (time.thread_time) in the same call: where a batch's wall time
+        # exceeds it, the thread was waiting for a core (other processes), not computing
+        self.batch_cpu_seconds = Histogram("opengem_batch_cpu_seconds", "CPU time of the model thread in "
+                                           "one score_many call", buckets=LATENCY_BUCKETS, registry=r)
         self.in_flight = Gauge("opengem_requests_in_flight", "Scoring requests received and not yet "
                                "answered", registry=r)
         self.model_info = Gauge("opengem_model_info", "1 for the model version being served",
@@ -60,11 +64,12 @@ class ServerMetrics:
         self.model_info.clear()
         self.model_info.labels(version=str(version), trained_through_ts=str(trained_through_ts)).set(1)
 
-    def on_batch(self, requests: int, candidates: int, seconds: float) -> None:
+    def on_batch(self, requests: int, candidates: int, seconds: float, cpu_seconds: float) -> None:
         self.batches.inc()
         self.batch_requests.observe(requests)
         self.batch_candidates.observe(candidates)
         self.batch_seconds.observe(seconds)
+        self.batch_cpu_seconds.observe(cpu_seconds)
 
     def on_gc(self, generation: int, seconds: float) -> None:
         self.gc_pause.labels(generation=str(generation)).observe(seconds)

@@ -20,10 +20,12 @@ otherwise): more threads than cores only adds hand-offs.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
+import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from opengem.errors import UsageError
 
@@ -99,3 +101,38 @@ class GcPauses:
 def split_cpus(cpus: list[int]) -> tuple[list[int], list[int]] | None:
     """(one CPU for a server, the others for its load generator), or None with fewer than two CPUs."""
     return ([cpus[0]], cpus[1:]) if len(cpus) >= 2 else None
+
+
+class StopRequested(BaseException):
+    """SIGTERM (or SIGINT) arrived while the server was still loading: unwind and exit.
+
+    A BaseException, like KeyboardInterrupt, so that no ``except Exception`` on the way (the loader that
+    tries the version before a broken one, a retry around a compile) can swallow it."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+        self.exit_code = 128 + signum  # the shell's convention: 143 for SIGTERM, 130 for SIGINT
+
+
+@contextlib.contextmanager
+def stop_on_signals(signums: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)) -> Iterator[None]:
+    """Turn these signals into :class:`StopRequested` in the main thread while the block runs.
+
+    Why: before it listens, ``opengem serve`` may spend minutes exporting and AOTI-compiling a run's
+    version. Killed there by the default SIGTERM action, the process skipped every cleanup: its scratch
+    folder of compiled packages (removed ``atexit``) stayed behind, and the exit said nothing. Raised as
+    an exception instead, the stop unwinds the stack: ``subprocess.run`` kills the compiler it was waiting
+    for, ``atexit`` removes the scratch folder, and the command exits 143 with one line. Python runs the
+    handler as soon as the main thread is back in the interpreter; a wait on a child process returns to
+    it at once (EINTR), so the stop is prompt there."""
+
+    def raise_stop(signum: int, frame: object) -> None:
+        raise StopRequested(signum)
+
+    previous = {s: signal.signal(s, raise_stop) for s in signums}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)

@@ -11,7 +11,9 @@ that loads, and hot-swapped to each newer one as it appears (see ``hot_swap.py``
 serves the newest and stops looking. Every setting can also come from a TOML file of
 :class:`~opengem.serve.server.ServeConfig` keys; a flag wins over the file.
 
-SIGTERM drains (stops accepting, finishes the requests in flight) and exits 0.
+SIGTERM drains (stops accepting, finishes the requests in flight) and exits 0. SIGTERM before the server
+listens (while it loads, or exports and AOTI-compiles a run's version: minutes) stops it there, cleanly:
+the compiler is stopped, the scratch folder removed, exit 143 (SIGINT: 130).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from opengem.serve.batcher import Scorer
 from opengem.serve.export import export_run
 from opengem.serve.hot_swap import VERSION_DIR, VERSIONS
 from opengem.serve.predictor import Predictor
-from opengem.serve.runtime import freeze_heap, parse_cpus, pin_process
+from opengem.serve.runtime import StopRequested, freeze_heap, parse_cpus, pin_process, stop_on_signals
 from opengem.serve.server import (
     EVENT_LOOPS,
     HTTP_PARSERS,
@@ -169,11 +171,16 @@ def run(args: argparse.Namespace) -> int:
     log.addHandler(handler)
     log.setLevel(logging.INFO)
     log.propagate = False  # a library that configured the root logger would print every line twice
-    if cfg.cpus:
-        pin_process(parse_cpus(cfg.cpus))
-    server = build_server(model_path, cfg, canary, PredictorLoader(cfg.max_candidates),
-                          hot_swap=not args.no_hot_swap)
-    if cfg.gc_freeze:
-        freeze_heap()
+    try:
+        with stop_on_signals():
+            if cfg.cpus:
+                pin_process(parse_cpus(cfg.cpus))
+            server = build_server(model_path, cfg, canary, PredictorLoader(cfg.max_candidates),
+                                  hot_swap=not args.no_hot_swap)
+            if cfg.gc_freeze:
+                freeze_heap()
+    except StopRequested as e:
+        log.warning("opengem serve: %s while loading %s: stopped before listening", e, model_path)
+        return e.exit_code
     server.serve_forever()
     return 0
