@@ -13,9 +13,12 @@ import math
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opengem.serve.errors import BadRequest
+
+if TYPE_CHECKING:
+    from opengem.data.schema import FeatureSchema
 
 FEATURES = {"user_id": int, "ad_id": int, "bid": float}
 SURFACES = ["feed", "stories"]
@@ -116,3 +119,15 @@ def publish_fake_version(run: Path, number: int, bias: float = 0.0, nan: bool = 
     (d / "fake.json").write_text(text)
     (d / "manifest.json").write_text(json.dumps({"version": number, "trained_through_ts": 1000 + number}))
     return d
+
+
+def hashed_tiny_schema() -> FeatureSchema:
+    """tiny.toml with ad_id's out-of-vocabulary ids hashed (a repair, as a VM schema declares): the schema
+    the serving encode tests check requests against."""
+    import dataclasses
+
+    from opengem.data.schema import FeatureSchema
+
+    s = FeatureSchema.load(Path(__file__).resolve().parents[1] / "configs" / "schemas" / "tiny.toml")
+    sparse = tuple(dataclasses.replace(f, on_oov="hash") if f.name == "ad_id" else f for f in s.sparse)
+    return dataclasses.replace(s, sparse=sparse)

@@ -4,7 +4,6 @@ the shared bookkeeping columns of a request; the cheaper unknown-feature check s
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -16,16 +15,14 @@ from opengem.data.parquet import Columns, ProblemLog, check_columns, conform_tab
 from opengem.data.schema import FeatureSchema
 from opengem.serve.encode import RequestEncoder
 from opengem.serve.errors import BadRequest
+from serve_helpers import hashed_tiny_schema
 
 TINY = Path(__file__).resolve().parents[1] / "configs" / "schemas" / "tiny.toml"
 
 
 @pytest.fixture(scope="module")
 def schema() -> FeatureSchema:
-    """tiny.toml with ad_id's out-of-vocabulary ids hashed (a repair, as a VM schema declares)."""
-    s = FeatureSchema.load(TINY)
-    sparse = tuple(dataclasses.replace(f, on_oov="hash") if f.name == "ad_id" else f for f in s.sparse)
-    return dataclasses.replace(s, sparse=sparse)
+    return hashed_tiny_schema()
 
 
 def _table(schema: FeatureSchema, n: int, **columns: list) -> pa.Table:
