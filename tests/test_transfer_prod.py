@@ -15,10 +15,12 @@ from opengem.data.dataset import Dataset
 from opengem.data.sim_config import SimConfig, sim_schema
 from opengem.data.sim_core import surface_params
 from opengem.data.simulate import simulate
+from opengem.errors import TrainError
 from opengem.model.registry import build_model
 from opengem.train.config import RunConfig
 from opengem.transfer import versions as versions_mod
 from opengem.transfer.aggregate import aggregate, calibration_table, select_rows
+from opengem.transfer.arms import kd_grid_ne, tune_kd
 from opengem.transfer.experiment import reported_rows
 from opengem.transfer.experiment_config import ExperimentConfig, load_experiment_config
 from opengem.transfer.vertical import derive_vm_schema
@@ -159,6 +161,28 @@ def test_calibration_reports_tr_per_seed_with_a_ci_that_narrows_with_rows():
                                                ExperimentConfig(seeds=[100]))["feed/click"]
 
 
+def test_kd_tuning_keeps_every_grid_points_ne_and_picks_the_lowest():
+    """transfer.json shows the whole KD grid (round 3's tuned weight sat at the grid's edge unnoticed):
+    every point's NE in grid order, the tuned point its minimum; a grid with nothing to score is refused."""
+    rng = np.random.default_rng(0)
+    seed = fake_seed(rng, np.arange(2000))
+    y, res = seed["feed"]["baseline"]["labels"], seed["feed"]
+    grid = [[1.0, 1.0], [2.0, 1.0], [4.0, 1.0], [8.0, 2.0]]
+    for g, noise in zip(grid, (3.0, 0.5, 1.5, 6.0)):
+        logits = (y - 0.5) * 2 + noise * rng.standard_normal(y.shape)
+        res["kd_grid"][tuple(g)] = {**res["kd"], "logits": logits}
+    scored = kd_grid_ne(seed, grid)
+    assert [p["point"] for p in scored] == grid
+    nes = [p["ne"] for p in scored]
+    assert nes[1] < nes[2] < nes[0] < nes[3]
+    assert tune_kd(seed, grid) == [2.0, 1.0]
+    for run in res["kd_grid"].values():
+        run["labels"] = np.zeros_like(run["labels"])  # one class only: NE undefined everywhere
+    assert all(np.isnan(p["ne"]) for p in kd_grid_ne(seed, grid))
+    with pytest.raises(TrainError, match="kd.grid"):
+        tune_kd(seed, grid)
+
+
 @pytest.mark.parametrize("path", ["configs/transfer-prod.toml", "configs/transfer-prod-small.toml"])
 def test_prod_configs_state_a_production_like_regime(path):
     cfg = load_experiment_config(path)
@@ -207,6 +231,7 @@ def test_transfer_prod_small_runs_end_to_end_through_the_cli(tmp_path):
     res = json.loads((tmp_path / "transfer.json").read_text())
     assert res["windows"]["validation"] == ["day=006"] and res["windows"]["eval"] == ["day=007"]
     assert set(res["calibration"]) == {"feed/click"} and res["calibration"]["feed/click"]["kd_tr"] is not None
+    assert [p["point"] for p in res["kd_tuned"]["grid_ne"]] == [[1.0, 1.0]]
     reg = res["regime"]["surfaces"]["feed"]
     assert res["regime"]["vm_start"] == 5 and reg["windows"][0]["fm_version"] == 4  # window 7: (7//2 - 1) * 2
     assert reg["vm_flops_per_example"] == res["serving_flops"]["baseline"]["serving_flops_per_example"]

@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from opengem.errors import TrainError
 from opengem.transfer.experiment_config import ExperimentConfig
 from opengem.transfer.preds import sigmoid
 from opengem.transfer.results import ne_of
@@ -46,9 +47,11 @@ def arm_configs(cfg: ExperimentConfig, kd_best: list[float]) -> dict[str, ArmCon
     }
 
 
-def tune_kd(seed_res: dict[str, Any], grid: list[list[float]]) -> list[float]:
-    """The grid point with the lowest NE averaged over surfaces x tasks (on the first seed)."""
-    best, best_ne = None, np.inf
+def kd_grid_ne(seed_res: dict[str, Any], grid: list[list[float]]) -> list[dict[str, Any]]:
+    """Every KD grid point's NE averaged over surfaces x tasks (on the rows given: the first seed's
+    validation windows when there are any), kept in transfer.json so that a reader sees whether the tuned
+    point sits at the grid's edge (then the grid, shared by every arm, is too narrow)."""
+    out = []
     for g in grid:
         nes = []
         for r in seed_res.values():
@@ -57,7 +60,14 @@ def tune_kd(seed_res: dict[str, Any], grid: list[list[float]]) -> list[float]:
                 m = run["mask"][:, t]
                 if m.any() and 0 < run["labels"][m, t].mean() < 1:
                     nes.append(ne_of(sigmoid(run["logits"][m, t]), run["labels"][m, t].astype(np.float64)))
-        ne = float(np.mean(nes))
-        if ne < best_ne:
-            best, best_ne = g, ne
-    return list(best)
+        out.append({"point": list(g), "ne": float(np.mean(nes)) if nes else float("nan")})
+    return out
+
+
+def tune_kd(seed_res: dict[str, Any], grid: list[list[float]]) -> list[float]:
+    """The grid point with the lowest NE averaged over surfaces x tasks (on the first seed)."""
+    scored = [p for p in kd_grid_ne(seed_res, grid) if np.isfinite(p["ne"])]
+    if not scored:
+        raise TrainError("kd.grid: no grid point has tuning rows with both labels to score it on (more "
+                         "rows per validation window, or validation_windows > 0)")
+    return list(min(scored, key=lambda p: p["ne"])["point"])

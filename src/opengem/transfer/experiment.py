@@ -43,7 +43,7 @@ import pyarrow.parquet as pq
 from opengem.train.distributed import process_group
 from opengem.train.env import cpu_threads, resolve_device
 from opengem.transfer.aggregate import aggregate, calibration_table, select_rows
-from opengem.transfer.arms import arm_configs, tune_kd
+from opengem.transfer.arms import arm_configs, kd_grid_ne, tune_kd
 from opengem.transfer.experiment_config import ALL_ARMS, ExperimentConfig, load_experiment_config
 from opengem.transfer.results import arms_table, fmt, staleness_plot, staleness_table
 from opengem.transfer.seed_run import SeedRun
@@ -71,7 +71,9 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path, log: Any = print) -> 
         # 1) default lag: tune KD on the first seed (its validation windows when there are any), then
         # every arm on every seed
         first = runs[0].run_lag(cfg.lag, [], None)
-        kd_best = tune_kd(select_rows(first, val_ids[0]) if cfg.validation_windows else first, cfg.kd.grid)
+        tune_rows = select_rows(first, val_ids[0]) if cfg.validation_windows else first
+        kd_best = tune_kd(tune_rows, cfg.kd.grid)
+        kd_grid = kd_grid_ne(tune_rows, cfg.kd.grid)
         acfg = arm_configs(cfg, kd_best)
         log(f"tuned KD: weight={kd_best[0]} temperature={kd_best[1]}")
         per_seed_all = []
@@ -118,7 +120,7 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path, log: Any = print) -> 
     gen = [g for r in runs for g in r.gen.values()]
     result = {
         "config": asdict(cfg),
-        "kd_tuned": {"weight": kd_best[0], "temperature": kd_best[1]},
+        "kd_tuned": {"weight": kd_best[0], "temperature": kd_best[1], "grid_ne": kd_grid},
         "windows": {"vm": runs[0].windows, "eval": runs[0].eval_windows[cfg.validation_windows:],
                     "validation": val_windows(runs[0])},
         "calibration": calib,
