@@ -175,12 +175,13 @@ def test_kd_tuning_keeps_every_grid_points_ne_and_picks_the_lowest():
     assert [p["point"] for p in scored] == grid
     nes = [p["ne"] for p in scored]
     assert nes[1] < nes[2] < nes[0] < nes[3]
-    assert tune_kd(seed, grid) == [2.0, 1.0]
+    assert tune_kd(scored) == [2.0, 1.0]
     for run in res["kd_grid"].values():
         run["labels"] = np.zeros_like(run["labels"])  # one class only: NE undefined everywhere
-    assert all(np.isnan(p["ne"]) for p in kd_grid_ne(seed, grid))
+    unscorable = kd_grid_ne(seed, grid)
+    assert all(np.isnan(p["ne"]) for p in unscorable)
     with pytest.raises(TrainError, match="kd.grid"):
-        tune_kd(seed, grid)
+        tune_kd(unscorable)
 
 
 @pytest.mark.parametrize("path", ["configs/transfer-prod.toml", "configs/transfer-prod-small.toml"])

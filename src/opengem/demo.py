@@ -21,7 +21,6 @@ afterwards. ``--config configs/tiny.toml`` is the smoke test.
 from __future__ import annotations
 
 import argparse
-import copy
 import sys
 import time
 from dataclasses import dataclass, field
@@ -63,7 +62,7 @@ def default_config() -> Path:
 
 
 def load_demo_config(path: str | Path | None, overrides: list[str]) -> DemoConfig:
-    from opengem.config import ConfigError, load_config
+    from opengem.config import ConfigError, load_config, parse_override
     from opengem.model.registry import MODEL_NAMES
     from opengem.train.config import LR_DECAYS
 
@@ -80,8 +79,7 @@ def load_demo_config(path: str | Path | None, overrides: list[str]) -> DemoConfi
     if not 0 < cfg.min_lr_ratio <= 1:
         raise ConfigError(f"demo config: min_lr_ratio must be in (0, 1] (got {cfg.min_lr_ratio})")
     for name, ovs in cfg.overrides.items():
-        bad_ovs = [o for o in ovs
-                   if "=" not in o or not o.split("=", 1)[0].strip().startswith(("model.", "train."))]
+        bad_ovs = [o for o in ovs if parse_override(o)[0][0] not in ("model", "train")]
         if bad_ovs:
             raise ConfigError(f"demo config: overrides.{name} may only set model.* and train.* keys as "
                               f"section.key=value (every model reads the same data; got {bad_ovs})")
@@ -231,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     gem_examples = gem_flops = 0
     for name in dict.fromkeys(["gem", *demo.baselines]):
         own = demo.overrides.get(name, [])
-        run_cfg = load_run_config(config, [*own, *args.overrides]) if own else copy.deepcopy(cfg)
+        run_cfg = load_run_config(config, [*own, *args.overrides])
         run_cfg.model.name = name
         run_cfg.train.final_eval = False  # evaluate_run below does it once, with the oracle
         run_cfg.train.lr = demo.lr.get(name, run_cfg.train.lr)

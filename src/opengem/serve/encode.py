@@ -476,15 +476,15 @@ class RequestEncoder:
         if len(names) == len(self._candidate_names) and set(names) == self._candidate_names \
                 and not any(pa.types.is_list(t) and pa.types.is_null(t.value_type) for t in cands.types):
             sch = self.schema
-            fields = [pa.field(sch.example_id_column, _INT64), pa.field(sch.time_column, _INT64),
-                      pa.field(sch.surface_column, pa.int32())]
+            bookkeeping = (sch.example_id_column, sch.time_column, sch.surface_column)
+            fields = [self.arrow.field(name) for name in bookkeeping]
             sources: list[int | pa.DataType] = []
             for f in self.arrow:
                 if f.name in self._candidate_names:
                     i = cands.get_field_index(f.name)
                     fields.append(pa.field(f.name, cands.field(i).type))
                     sources.append(i)
-                elif f.name not in (sch.example_id_column, sch.time_column, sch.surface_column):
+                elif f.name not in bookkeeping:
                     fields.append(pa.field(f.name, f.type))  # labels: not observed
                     sources.append(f.type)
             layout = (pa.schema(fields), sources)

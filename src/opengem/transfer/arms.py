@@ -64,9 +64,9 @@ def kd_grid_ne(seed_res: dict[str, Any], grid: list[list[float]]) -> list[dict[s
     return out
 
 
-def tune_kd(seed_res: dict[str, Any], grid: list[list[float]]) -> list[float]:
-    """The grid point with the lowest NE averaged over surfaces x tasks (on the first seed)."""
-    scored = [p for p in kd_grid_ne(seed_res, grid) if np.isfinite(p["ne"])]
+def tune_kd(grid_ne: list[dict[str, Any]]) -> list[float]:
+    """The grid point with the lowest NE averaged over surfaces x tasks (``kd_grid_ne`` of the first seed)."""
+    scored = [p for p in grid_ne if np.isfinite(p["ne"])]
     if not scored:
         raise TrainError("kd.grid: no grid point has tuning rows with both labels to score it on (more "
                          "rows per validation window, or validation_windows > 0)")

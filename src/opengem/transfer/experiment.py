@@ -72,8 +72,8 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path, log: Any = print) -> 
         # every arm on every seed
         first = runs[0].run_lag(cfg.lag, [], None)
         tune_rows = select_rows(first, val_ids[0]) if cfg.validation_windows else first
-        kd_best = tune_kd(tune_rows, cfg.kd.grid)
         kd_grid = kd_grid_ne(tune_rows, cfg.kd.grid)
+        kd_best = tune_kd(kd_grid)
         acfg = arm_configs(cfg, kd_best)
         log(f"tuned KD: weight={kd_best[0]} temperature={kd_best[1]}")
         per_seed_all = []
