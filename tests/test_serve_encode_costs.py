@@ -144,3 +144,21 @@ def test_flat_inputs_split_the_sparse_features_as_to_dict_does() -> None:
         for k in order:
             assert torch.equal(split[k][0], reference[k].values())
             assert torch.equal(split[k][1], reference[k].lengths())
+
+
+def test_flat_tensors_are_pytrees_leaves_of_flat_inputs(schema) -> None:  # type: ignore[no-untyped-def]
+    """The AOTI package is called with this list instead of its pytree-flattening ``__call__``: it must be
+    the same tensors in the same order (sparse features, then sequence lengths, id fields, dense fields)."""
+    import torch
+    import torch.utils._pytree as pytree
+
+    from opengem.serve.export import flat_inputs, flat_tensors
+
+    t = _table(schema, 4, user_interests=[[1], [], [2, 3], [4]], hist__item=[[4, 5], [], [6], [7, 8]],
+               hist__action=[[0, 1], [], [1], [0, 0]], hist__dt=[[0.1, 0.2], [], [0.3], [0.4, 0.5]])
+    b = to_batch(Columns.from_arrow(t, schema), schema)
+    got, want = flat_tensors(b, schema), pytree.tree_leaves(flat_inputs(b, schema))
+    n_seq = sum(1 + len(g.fields) for g in schema.sequences)
+    assert len(got) == len(want) == 2 + 2 * len(schema.sparse) + n_seq and n_seq
+    for a, w in zip(got, want, strict=True):  # (each call makes new views: compare what they hold)
+        assert a.dtype == w.dtype and torch.equal(a, w)

@@ -148,6 +148,43 @@ def test_healthz_names_the_served_version(served) -> None:  # type: ignore[no-un
     assert status == 200 and h["status"] == "ok" and h["version"] == "v7" and h["trained_through_ts"] == 1000
 
 
+def test_predict_takes_only_post_and_reads_a_body_sent_in_pieces(served) -> None:  # type: ignore[no-untyped-def]
+    """/predict is answered by the server's own ASGI handler, not a Starlette route: the rest of HTTP
+    (another method, a chunked body) still behaves as it did."""
+    import http.client
+
+    _, model, port = served
+    assert get(port, "/predict")[0] == 405
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    body = json.dumps(request(4)).encode()
+    conn.putrequest("POST", "/predict")
+    conn.putheader("Content-Type", "application/json")
+    conn.putheader("Transfer-Encoding", "chunked")
+    conn.endheaders()
+    for i in range(0, len(body), 7):  # many small chunks: many http.request messages to join
+        piece = body[i:i + 7]
+        conn.send(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
+    conn.send(b"0\r\n\r\n")
+    resp = conn.getresponse()
+    assert resp.status == 200 and json.loads(resp.read()) == model.score(request(4))
+    conn.close()
+
+
+def test_a_bug_in_the_handler_is_a_one_line_500_and_the_server_goes_on(served, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    server, model, port = served
+
+    def broken(scope, receive):  # type: ignore[no-untyped-def]
+        raise RuntimeError("handler bug\nsecond line")
+
+    monkeypatch.setattr(server, "_score_request", broken)
+    status, body, ctype = post(port, request(2))
+    assert status == 500 and ctype.startswith("application/json")
+    assert error_of(status, body) == "internal error: RuntimeError: handler bug second line"
+    monkeypatch.undo()
+    status, body, _ = post(port, request(2))
+    assert status == 200 and json.loads(body) == model.score(request(2))
+
+
 def test_metrics_are_prometheus_text(served) -> None:  # type: ignore[no-untyped-def]
     _, _, port = served
     post(port, request(3))

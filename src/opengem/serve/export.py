@@ -102,6 +102,25 @@ def flat_inputs(batch: Batch, schema: FeatureSchema) -> FlatInputs:
     )
 
 
+def flat_tensors(batch: Batch, schema: FeatureSchema) -> list[torch.Tensor]:
+    """:func:`flat_inputs` as the one flat list of tensors the compiled program takes, in the order
+    ``torch.utils._pytree`` flattens them (dict values in insertion order, which is schema order).
+
+    Why: ``AOTICompiledModel.__call__`` flattens its arguments with pytree on every call, ~0.1 ms of
+    Python per forward pass of a served request; the Predictor hands this list to the package's loader
+    directly (a test pins it equal to pytree's leaves)."""
+    dense, surface, sparse, sequences = flat_inputs(batch, schema)
+    out = [dense, surface]
+    for values, lengths in sparse.values():
+        out.append(values)
+        out.append(lengths)
+    for lengths, ids, dn in sequences.values():
+        out.append(lengths)
+        out.extend(ids.values())
+        out.extend(dn.values())
+    return out
+
+
 def _per_key(kjt: Any, keys: list[str], rows: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """Each key's (values, lengths) of a KeyedJaggedTensor whose keys each hold one length per row (every
     Batch the loader and the Predictor build): a view of the lengths per key and one split of the values.

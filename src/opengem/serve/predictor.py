@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 from torch import nn
 from torch._inductor import aoti_load_package
 
@@ -33,6 +34,7 @@ from opengem.serve.export import (
     export_model,
     export_program,
     flat_inputs,
+    flat_tensors,
     load_run,
     make_artifact,
     model_from_artifact,
@@ -145,7 +147,18 @@ class Predictor:
             raise ArtifactError(f"{where}: cannot load the "
                                 f"AOTI package on this machine ({type(e).__name__}: {str(e)[:200]}); "
                                 "export again here") from None
-        return _flat_runner(runner, self.schema)
+        return _aoti_runner(runner, self.schema)
+
+
+def _aoti_runner(package: Any, schema: FeatureSchema) -> Callable[[Batch], torch.Tensor]:
+    """An AOTInductor package's forward, called through its loader with the inputs already flat
+    (:func:`~opengem.serve.export.flat_tensors`), skipping the pytree flattening its ``__call__`` does on
+    every call; a package object without that loader (another torch) is called the documented way."""
+    loader = getattr(package, "loader", None)
+    if loader is None or not hasattr(loader, "boxed_run") or not hasattr(loader, "get_call_spec"):
+        return _flat_runner(package, schema)
+    out_spec = pytree.treespec_loads(loader.get_call_spec()[1])
+    return lambda b: pytree.tree_unflatten(loader.boxed_run(flat_tensors(b, schema)), out_spec)
 
 
 def _flat_runner(fn: Callable[..., torch.Tensor] | nn.Module, schema: FeatureSchema
