@@ -5,7 +5,8 @@
 
 Issue 16's one-client target (p99 < 5 ms at 512 candidates on one core) is a wall-clock number, but on a
 shared machine wall clocks mostly measure the other processes. This probe measures what each side
-spends instead, with one keep-alive client (http.client, bodies built before timing) on its own CPU:
+spends instead, with one keep-alive client (``opengem.bench.load_client``: bodies built before timing,
+spinning on its socket so that its own vCPU never halts; ``--client block`` lets it sleep) on its own CPU:
 
 * ``echo``: a Starlette route on the server's uvicorn stack (``server.http_stack``: httptools + uvloop when
   installed) that reads the body and answers the real server's reply bytes: the floor of HTTP, loopback
@@ -37,6 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
+from opengem.bench.load_client import run_load
 from opengem.bench.serve_bench import ServerProcess, candidate_pool, http_get, make_request
 from opengem.serve import arrow_io
 from opengem.serve.runtime import available_cpus, split_cpus
@@ -99,7 +101,7 @@ def _stage_sums(port: int) -> dict[tuple[str, str], float]:
 
 
 def probe(cmd: list[str], bodies: list[bytes], headers: dict[str, str], requests: int,
-          client_cpus: list[int] | None, stages: bool) -> tuple[dict[str, float], bytes]:
+          client_cpus: list[int] | None, stages: bool, spin: bool) -> tuple[dict[str, float], bytes]:
     """Time ``requests`` sequential requests against the server ``cmd`` starts; returns numbers, a reply."""
     server = ServerProcess(cmd, 1)
     before = os.sched_getaffinity(0)
@@ -115,18 +117,16 @@ def probe(cmd: list[str], bodies: list[bytes], headers: dict[str, str], requests
             reply = r.read()
             if r.status != 200:
                 raise SystemExit(f"serve_vm_probe: {r.status} {reply[:300]!r}")
+        conn.close()
         s0 = _stage_sums(port) if stages else {}
         c0 = _process_cpu_s(server.proc.pid)
-        wall, cpu = [], []
-        for i in range(requests):
-            t0, k0 = time.perf_counter(), time.thread_time()
-            conn.request("POST", "/predict", body=bodies[i % len(bodies)], headers=headers)
-            conn.getresponse().read()
-            cpu.append(time.thread_time() - k0)
-            wall.append(time.perf_counter() - t0)
+        k0 = time.thread_time()
+        r = run_load(port, bodies, 1, requests, 1e9, warmup=0, spin=spin, accept=headers.get("Accept"))
+        if r.errors or len(r.latencies) != requests:
+            raise SystemExit(f"serve_vm_probe: {r.errors} failed requests: {r.samples}")
+        cpu, wall = [(time.thread_time() - k0) / requests], r.latencies
         server_cpu = (_process_cpu_s(server.proc.pid) - c0) / requests
         s1 = _stage_sums(port) if stages else {}
-        conn.close()
     finally:
         os.sched_setaffinity(0, before)
         server.stop()
@@ -151,6 +151,10 @@ def main() -> None:
     ap.add_argument("--candidates", type=int, default=512)
     ap.add_argument("--requests", type=int, default=300)
     ap.add_argument("--body", choices=("arrow", "json"), default="arrow")
+    ap.add_argument("--client", choices=("spin", "block"), default="spin",
+                    help="spin: the client polls its socket and its vCPU never halts (the default, when it "
+                         "has a CPU of its own); block: it sleeps in select while the server works, and its "
+                         "vCPU's wake-up time is in the latencies")
     ap.add_argument("--out", help="write the numbers as JSON here")
     ap.add_argument("--echo-reply", help=argparse.SUPPRESS)  # child mode: the echo app
     ap.add_argument("--echo-ctype", help=argparse.SUPPRESS)
@@ -171,20 +175,23 @@ def main() -> None:
              "--port", "0", "--max-candidates", str(a.candidates), *pin]
     load_before = os.getloadavg()
     results = {}
-    results["serve"], reply = probe(serve, bodies, headers, a.requests, client_cpus, stages=True)
+    spin = a.client == "spin" and client_cpus is not None
+    results["serve"], reply = probe(serve, bodies, headers, a.requests, client_cpus, stages=True, spin=spin)
     reply_file = Path(a.out or "serve_vm_probe.json").with_suffix(".reply")
     reply_file.write_bytes(reply)
     echo = [sys.executable, __file__, "--echo-reply", str(reply_file), "--echo-ctype", ctype,
             "--echo-cpus", ",".join(map(str, server_cpus))]
-    results["echo"], _ = probe(echo, bodies, headers, a.requests, client_cpus, stages=False)
+    results["echo"], _ = probe(echo, bodies, headers, a.requests, client_cpus, stages=False, spin=spin)
     reply_file.unlink()
     out = {"model": a.model, "backend": a.backend, "candidates": a.candidates, "body": a.body,
            "requests": a.requests, "body_bytes": len(bodies[0]), "reply_bytes": len(reply),
-           "server_cpus": server_cpus, "client_cpus": client_cpus, "load_average_before": load_before,
+           "server_cpus": server_cpus, "client_cpus": client_cpus, "client": "spin" if spin else "block",
+           "load_average_before": load_before,
            "load_average_after": os.getloadavg(), "results": results}
     loads = [tuple(round(x, 2) for x in la) for la in (load_before, out["load_average_after"])]
-    print(f"one keep-alive client, {a.requests} requests of {a.candidates} candidates, {a.body} body "
-          f"({len(bodies[0])} B) and reply ({len(reply)} B), {a.backend}; "
+    kind = "spinning" if spin else "blocking"
+    print(f"one keep-alive client ({kind}), {a.requests} requests of {a.candidates} candidates, "
+          f"{a.body} body ({len(bodies[0])} B) and reply ({len(reply)} B), {a.backend}; "
           f"load average {loads[0]} -> {loads[1]}")
     for name, r in results.items():
         line = (f"{name:<6} wall p50 {r['wall_p50_ms']:6.2f} p90 {r['wall_p90_ms']:6.2f} "

@@ -38,6 +38,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from opengem.bench.load_client import run_load
 from opengem.bench.machine import load_average
 from opengem.data.adapters.common import AdapterError
 from opengem.data.adapters.encoders_io import ENCODERS_FILE, read_encoders
@@ -276,71 +277,16 @@ def http_get(port: int, path: str) -> tuple[int, bytes]:
 
 # --------------------------------------------------------------------------- load
 def load_cell(port: int, bodies: list[bytes], clients: int, max_requests: int, duration_s: float,
-              stop: threading.Event | None = None, warmup: int = WARMUP_PER_CLIENT
+              stop: threading.Event | None = None, warmup: int = WARMUP_PER_CLIENT, spin: bool = False
               ) -> tuple[list[float], int, float, list[str]]:
-    """Closed-loop clients until ``max_requests`` are answered, ``duration_s`` passes or ``stop`` is set.
+    """Closed-loop clients until ``max_requests`` are answered, ``duration_s`` passes or ``stop`` is set
+    (:func:`opengem.bench.load_client.run_load`: one thread, non-blocking sockets; ``spin`` only when the
+    clients have a CPU of their own).
 
     Returns (latencies in s of the successful requests, errors, wall seconds, a few error texts). Warm-up
     requests are not timed, but a failed one counts as an error like any other."""
-    latencies: list[float] = []
-    errors: list[str] = []
-    lock = threading.Lock()
-    sent = [0]
-    stop_at = [float("inf")]
-
-    def take() -> int | None:
-        with lock:
-            if sent[0] >= max_requests or time.perf_counter() > stop_at[0] or (stop and stop.is_set()):
-                return None
-            sent[0] += 1
-            return sent[0]
-
-    def one(conn: http.client.HTTPConnection, body: bytes) -> tuple[int, bytes, http.client.HTTPConnection]:
-        try:
-            status, text = _post(conn, body)
-        except (OSError, http.client.HTTPException) as e:
-            conn.close()
-            return -1, f"{type(e).__name__}: {e}".encode(), http.client.HTTPConnection("127.0.0.1", port,
-                                                                                       timeout=60)
-        return status, text, conn
-
-    def client(c: int) -> None:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-        for w in range(warmup):
-            status, text, conn = one(conn, bodies[(c + w) % len(bodies)])
-            if status != 200:
-                with lock:
-                    errors.append(f"{status} {text[:200].decode('utf-8', 'replace')} (warm-up)")
-        barrier.wait()
-        while (i := take()) is not None:
-            t0 = time.perf_counter()
-            status, text, conn = one(conn, bodies[(c * 7919 + i) % len(bodies)])
-            dt = time.perf_counter() - t0
-            with lock:
-                if status == 200:
-                    latencies.append(dt)
-                else:
-                    errors.append(f"{status} {text[:200].decode('utf-8', 'replace')}")
-        conn.close()
-
-    barrier = threading.Barrier(clients + 1)
-    threads = [threading.Thread(target=client, args=(c,), daemon=True) for c in range(clients)]
-    for t in threads:
-        t.start()
-    barrier.wait()
-    t0 = time.perf_counter()
-    stop_at[0] = t0 + duration_s
-    for t in threads:
-        t.join()
-    return latencies, len(errors), time.perf_counter() - t0, errors[:5]
-
-
-def _post(conn: http.client.HTTPConnection, body: bytes) -> tuple[int, bytes]:
-    """POST a body: a JSON request starts with ``{``, anything else is an Arrow IPC stream."""
-    ctype = "application/json" if body[:1] == b"{" else arrow_io.ARROW_STREAM
-    conn.request("POST", "/predict", body=body, headers={"Content-Type": ctype})
-    r = conn.getresponse()
-    return r.status, r.read()
+    r = run_load(port, bodies, clients, max_requests, duration_s, stop=stop, warmup=warmup, spin=spin)
+    return r.latencies, r.errors, r.seconds, r.samples
 
 
 def summarize(backend: str, n: int, clients: int, lat: list[float], errors: int, seconds: float,
@@ -392,7 +338,8 @@ def _publish(run: Path, number: int, source: Path) -> None:
 
 
 def swap_cell(port: int, run: Path, sources: list[Path], bodies: list[bytes], clients: int, versions: int,
-              timeout_s: float) -> tuple[tuple[list[float], int, float, list[str]], list[str]]:
+              timeout_s: float, spin: bool = False
+              ) -> tuple[tuple[list[float], int, float, list[str]], list[str]]:
     """Load the server while ``versions`` new versions are published one by one and swapped in (each
     given ``timeout_s`` to be swapped in or refused).
 
@@ -400,8 +347,8 @@ def swap_cell(port: int, run: Path, sources: list[Path], bodies: list[bytes], cl
     refused)."""
     result: list[tuple[list[float], int, float, list[str]]] = []
     stop = threading.Event()
-    t = threading.Thread(target=lambda: result.append(load_cell(port, bodies, clients, 10**12, 10**9, stop)),
-                         daemon=True)
+    t = threading.Thread(target=lambda: result.append(load_cell(port, bodies, clients, 10**12, 10**9, stop,
+                                                                spin=spin)), daemon=True)
     t.start()
     swapped: list[str] = []
     time.sleep(0.5)  # under load before the first swap
@@ -458,8 +405,9 @@ def run_serve_bench(model: Path, backends: list[str], candidates: list[int], cli
     try:
         if split is not None:
             os.sched_setaffinity(0, split[1])
+        # the clients spin (never let their vCPU halt: see load_client) only on CPUs of their own
         result = _run_grid(model, backends, candidates, clients, max_requests, duration_s, pool, swap, extra,
-                           threads, server_cmd, body_format)
+                           threads, server_cmd, body_format, spin=split is not None)
     finally:
         if split is not None:
             os.sched_setaffinity(0, before)
@@ -471,7 +419,8 @@ def run_serve_bench(model: Path, backends: list[str], candidates: list[int], cli
 def _run_grid(model: Path, backends: list[str], candidates: list[int], clients: list[int], max_requests: int,
               duration_s: float, pool: tuple[list[dict[str, Any]], list[Any], dict[str, Any]],
               swap: SwapPlan | None, extra: list[str], threads: int | None,
-              server_cmd: Callable[[Path, str, list[str]], list[str]], body_format: str) -> dict[str, Any]:
+              server_cmd: Callable[[Path, str, list[str]], list[str]], body_format: str,
+              spin: bool = False) -> dict[str, Any]:
     rows, surfaces, context = pool
     if swap is not None:
         swap_sources(swap.model)  # refuse an export folder before any measurement, not after
@@ -487,17 +436,18 @@ def _run_grid(model: Path, backends: list[str], candidates: list[int], clients: 
             for n in candidates:
                 bodies = [make_request(rows, surfaces, context, n, i, body_format) for i in range(32)]
                 for c in clients:
-                    lat, errs, secs, samples = load_cell(port, bodies, c, max_requests, duration_s)
+                    lat, errs, secs, samples = load_cell(port, bodies, c, max_requests, duration_s, spin=spin)
                     cells.append(summarize(backend, n, c, lat, errs, secs, samples))
                     print(_row(cells[-1]), file=sys.stderr, flush=True)
         finally:
             server.stop()
     for backend in swap.backends if swap is not None else []:
         swaps.append(_swap_phase(server_cmd(swap.model, backend, extra), swap.model, threads, rows, surfaces,
-                                 context, swap.versions, swap.candidates, swap.clients, cells))
+                                 context, swap.versions, swap.candidates, swap.clients, cells, spin))
     return {"model": str(model), "served_version": version, "swap_model": str(swap.model) if swap else None,
             "backends": backends, "body_format": body_format, "max_requests": max_requests,
             "duration_s": duration_s,
+            "client": "one thread, non-blocking sockets" + (", spinning" if spin else ""),
             "server_threads": threads, "load_average_before": load_before,
             "load_average_after": load_average(),
             "cells": [asdict(c) for c in cells], "swaps": swaps,
@@ -506,7 +456,7 @@ def _run_grid(model: Path, backends: list[str], candidates: list[int], clients: 
 
 def _swap_phase(cmd: list[str], model: Path, threads: int | None, rows: list[dict[str, Any]],
                 surfaces: list[Any], context: dict[str, Any], versions: int, n: int, clients: int,
-                cells: list[CellResult]) -> dict[str, Any]:
+                cells: list[CellResult], spin: bool = False) -> dict[str, Any]:
     """``cmd`` serves ``model``: the same command serves a scratch run of its versions instead."""
     backend = cmd[cmd.index("--backend") + 1] if "--backend" in cmd else "?"
     with tempfile.TemporaryDirectory(prefix="opengem-swap-") as tmp:
@@ -517,7 +467,7 @@ def _swap_phase(cmd: list[str], model: Path, threads: int | None, rows: list[dic
             port = server.wait_ready()
             bodies = [make_request(rows, surfaces, context, n, i) for i in range(32)]
             (lat, errs, secs, samples), swapped = swap_cell(port, run, sources, bodies, clients, versions,
-                                                            600)
+                                                            600, spin)
         finally:
             code = server.stop()
     cells.append(summarize(backend, n, clients, lat, errs, secs, samples, phase="swap"))
