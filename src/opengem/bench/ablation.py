@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from opengem.bench.ablation_report import FULL, format_ablation, summarize_ablation, write_ablation_outputs
 from opengem.bench.isoflop import (
     REPO,
     IsoflopConfig,
@@ -43,7 +44,6 @@ from opengem.bench.isoflop import (
 from opengem.bench.size_ladder import FamilySweep
 from opengem.config import ConfigError, load_config, save_config
 
-FULL = "full"  # the configuration every ablation is measured against
 _NAME = re.compile(r"^[A-Za-z0-9_.+-]+$")
 
 
@@ -274,8 +274,6 @@ def run_ablation(cfg: AblationConfig, out: str | Path, data_dir: str | Path | No
                  plan_only: bool = False, time_plan: bool = True) -> dict[str, Any]:
     """Run (or resume) the study; writes OUT/ablation.json and OUT/ablation_runs.csv and returns the
     summary (with ``plan_only``: the plan, and nothing is trained beyond ``plan_steps`` timing steps)."""
-    from opengem.bench.ablation_report import summarize_ablation, write_ablation_outputs
-
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -329,7 +327,7 @@ def run_ablation(cfg: AblationConfig, out: str | Path, data_dir: str | Path | No
                 run(name, lr, seed, v)
     preds = {(r["config"], r["seed"]): write_test_predictions(out / "runs" / r["run"], st)
              for r in records if r["proxy"] is None and r["lr"] == lr}
-    result = summarize_ablation(cfg, st, records, lr, lr_scores, preds, plan)
+    result = summarize_ablation(cfg, st, records, lr, lr_scores, preds, plan, configurations(cfg)[0])
     result["elapsed_s"] = time.perf_counter() - t_start
     result["runs_trained_now"] = trained[0]
     write_ablation_outputs(out, records, result)
@@ -338,8 +336,6 @@ def run_ablation(cfg: AblationConfig, out: str | Path, data_dir: str | Path | No
 
 def run_cli(args: Any) -> int:
     """``opengem scale --design ablation [--budget small|default] [--config F] [--plan] [--set k=v ...]``."""
-    from opengem.bench.ablation_report import format_ablation
-
     path = Path(args.config) if args.config else default_config_path(args.budget)
     cfg = load_ablation_config(path, args.sweep_overrides)
     out = Path(args.out or Path("runs/scale") / path.stem)

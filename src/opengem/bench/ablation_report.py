@@ -27,6 +27,8 @@ from opengem.bench.fit import percentile_interval, spearman
 from opengem.bench.isoflop_report import json_safe, write_rows_csv
 from opengem.metrics import EPS
 
+FULL = "full"  # the configuration every ablation is measured against
+
 TARGET_RHO = 0.8  # issue 14: the proxy must rank the configurations like the full runs
 
 
@@ -133,12 +135,12 @@ def which_knob_breaks(proxies: dict[str, dict[str, Any]], variants: list[Any], c
 # --------------------------------------------------------------------------- the summary
 def summarize_ablation(cfg: Any, st: Any, records: list[dict[str, Any]], lr: float | None,
                        lr_scores: dict[Any, float], preds: dict[tuple[str, int], Path],
-                       plan: dict[str, Any]) -> dict[str, Any]:
-    from opengem.bench.ablation import FULL, configurations
+                       plan: dict[str, Any], fam0: Any) -> dict[str, Any]:
+    """``fam0``: the study's first configuration (the full model), whose run config fixes the evaluation
+    batch (passed in, so that this module does not import the study that imports it)."""
     from opengem.data.dataset import Dataset
 
     tasks = list(Dataset(st.data).schema.task_names)
-    fam0 = configurations(cfg)[0]
     rc0 = st.run_config(fam0, 0, 1, None, 0)
     eval_batch = rc0.data.eval_batch_size or rc0.data.batch_size
     limit = -(-cfg.eval_rows // eval_batch) * eval_batch if cfg.eval_rows else 0
