@@ -1,6 +1,7 @@
 """Hostile and careless use of the ``opengem`` command, case by case (issue 10, sections 4 and 5).
 
-    .venv/bin/python benchmarks/hostile_pass.py [--only SUBSTR] [--keep DIR] [--json OUT] [--timeout S]
+    .venv/bin/python benchmarks/hostile_pass.py [--only SUBSTR[,SUBSTR...]] [--keep DIR] [--json OUT]
+                                                [--timeout S]
 
 Each case runs the real CLI in a fresh process inside one temporary folder: bad configs and overrides,
 missing paths, folders given for files and files for folders, non-UTF-8 files, wrong types and negative
@@ -225,6 +226,65 @@ def cases(w: Path) -> list[Case]:
     add(Case("evaluate: run trained with model.head.hidden=[] (control)", ["evaluate", "--run", "Rempty"],
              expect="ok", setup=lambda w: _train(w, "Rempty", "model.head.hidden=[]")))
 
+    # --- predict, export, serve, bench serve, distill (issues 11, 15, 16)
+    add(Case("predict: the fixture run (control)", ["predict", "--run", R, "--out", "p_ok.parquet"],
+             expect="ok"))
+    add(Case("predict: --run missing", ["predict", "--run", "nope", "--out", "p0.parquet"]))
+    add(Case("predict: --data with corrupt Parquet", ["predict", "--run", R, "--data", "Dcorrupt3", "--out",
+                                                      "p1.parquet"],  # every part: predict reads eval days
+             setup=lambda w: [truncate(p) for p in
+                              copy_tree(w / "D", w / "Dcorrupt3").rglob("part-*.parquet")]))
+    add(Case("predict: --out is a folder", ["predict", "--run", R, "--out", str(w)]))
+    add(Case("export: the fixture run, eager (control)", ["export", R, "--out", "E", "--backend", "eager"],
+             expect="ok"))
+    add(Case("export: run missing", ["export", "nope", "--out", "e0"]))
+    add(Case("export: RUN@version that does not exist", ["export", f"{R}@99", "--out", "e1"]))
+    add(Case("export: --out is a file", ["export", R, "--out", "afile7"],
+             setup=lambda w: write(w / "afile7", "x")))
+    add(Case("export: checkpoint .metadata __reduce__ payload", ["export", "Rpwn2", "--out", "e2"],
+             setup=lambda w: [write(p, pickle.dumps(Payload(w / PWNED))) for p in
+                              copy_tree(w / "R", w / "Rpwn2").rglob(".metadata")], cwd_file=PWNED))
+    add(Case("serve: --model missing", ["serve", "--model", "nope", "--port", "0"]))
+    add(Case("serve: --model is a file", ["serve", "--model", "afile8", "--port", "0"],
+             setup=lambda w: write(w / "afile8", "x")))
+    add(Case("serve: --model an empty folder", ["serve", "--model", "emptymodel", "--port", "0"],
+             setup=lambda w: (w / "emptymodel").mkdir(exist_ok=True)))
+    add(Case("serve: artifact with a tampered weight file", ["serve", "--model", "Etamper", "--port", "0"],
+             setup=lambda w: _tamper(_export(w), w / "Etamper", "weights.pt", b"\0" * 64)))
+    add(Case("serve: artifact weights replaced by a __reduce__ payload",
+             ["serve", "--model", "Epwn", "--port", "0"],
+             setup=lambda w: _tamper(_export(w), w / "Epwn", "weights.pt", pickle.dumps(Payload(w / PWNED))),
+             cwd_file=PWNED))
+    add(Case("serve: artifact manifest not JSON", ["serve", "--model", "Ebadman", "--port", "0"],
+             setup=lambda w: _tamper(_export(w), w / "Ebadman", "manifest.json", b"{\xff not json")))
+    add(Case("serve: --backend aoti on an artifact without one", ["serve", "--model", "Eonly", "--backend",
+                                                                 "aoti", "--port", "0"],
+             setup=lambda w: copy_tree(_export(w), w / "Eonly")))
+    add(Case("serve: --port abc", ["serve", "--model", "Eport", "--port", "abc"],
+             setup=lambda w: copy_tree(_export(w), w / "Eport")))
+    add(Case("serve: --port 70000", ["serve", "--model", "Eport2", "--port", "70000"],
+             setup=lambda w: copy_tree(_export(w), w / "Eport2")))
+    add(Case("serve: --cpus 999", ["serve", "--model", "Ecpu", "--port", "0", "--cpus", "999"],
+             setup=lambda w: copy_tree(_export(w), w / "Ecpu")))
+    add(Case("serve: --config non-UTF-8", ["serve", "--model", "Ecfg", "--config", "bad_serve.toml"],
+             setup=lambda w: [copy_tree(_export(w), w / "Ecfg"), write(w / "bad_serve.toml", nonutf8)]))
+    add(Case("serve: --config unknown key", ["serve", "--model", "Ecfg2", "--config", "typo_serve.toml"],
+             setup=lambda w: [copy_tree(_export(w), w / "Ecfg2"),
+                              write(w / "typo_serve.toml", "max_candidatez = 3\n")]))
+    add(Case("serve: --canary not JSON", ["serve", "--model", R, "--canary", "canary.json", "--port", "0"],
+             setup=lambda w: write(w / "canary.json", "[{unclosed")))
+    add(Case("bench serve: --model missing", ["bench", "serve", "--model", "nope", "--data", D]))
+    add(Case("bench serve: --candidates 0", ["bench", "serve", "--model", R, "--data", D,
+                                             "--candidates", "0"]))
+    add(Case("bench serve: --clients x", ["bench", "serve", "--model", R, "--data", D, "--clients", "x"]))
+    add(Case("distill: --fm missing", ["distill", "--fm", "nope", "--vm-config",
+                                       str(ROOT / "configs" / "distill-example.toml"), "--data", D,
+                                       "--out", "d0"]))
+    add(Case("distill: --vm-config is a training config", ["distill", "--fm", R, "--vm-config", tiny,
+                                                           "--data", D, "--out", "d2"]))
+    add(Case("distill: --vm-config missing", ["distill", "--fm", R, "--vm-config", "nope.toml", "--data", D,
+                                              "--out", "d1"]))
+
     # --- generate
     add(Case("generate: --fm missing", ["generate", "--fm", "nope", "--data", D, "--out", "g0"]))
     add(Case("generate: --fm run without versions/", ["generate", "--fm", R, "--data", D, "--out", "g1"]))
@@ -255,6 +315,20 @@ def cases(w: Path) -> list[Case]:
     add(Case("report: --out is a folder", ["report", R, "--out", str(w)]))
     add(Case("(no command) opengem nosuch", ["nosuch"]))
     return out
+
+
+def _export(w: Path) -> Path:
+    """The fixture run exported once (eager: no compiler needed), for the serve cases to copy and damage."""
+    out = w / "Efix"
+    if not (out / "manifest.json").is_file():
+        p = opengem(["export", "R", "--out", "Efix", "--backend", "eager"], w, 600)
+        if p.returncode != 0:
+            raise RuntimeError(f"fixture export failed:\n{p.stderr[-3000:]}")
+    return out
+
+
+def _tamper(src: Path, dst: Path, name: str, data: bytes) -> None:
+    write(copy_tree(src, dst) / name, data)
 
 
 def _cut_avazu(w: Path) -> None:
@@ -365,7 +439,8 @@ def summarize(results: list[Result]) -> dict[str, int]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--only", default="", help="run only the cases whose name contains this text")
+    ap.add_argument("--only", default="",
+                    help="run only the cases whose name contains one of these comma-separated texts")
     ap.add_argument("--keep", default="", help="work in this folder and keep it (default: a temporary one)")
     ap.add_argument("--json", default="", help="also write the results as JSON here")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per case")
@@ -381,7 +456,7 @@ def main() -> int:
         print(f"fixtures ready in {time.perf_counter() - t0:.0f}s ({w})", flush=True)
         results = []
         for case in cases(w):
-            if args.only and args.only not in case.name:
+            if args.only and not any(part in case.name for part in args.only.split(",")):
                 continue
             r = run_case(case, w, args.timeout)
             results.append(r)

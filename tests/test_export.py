@@ -227,6 +227,20 @@ def test_weights_that_are_not_plain_tensors_are_never_unpickled(eager_artifact):
         Predictor.load(out)
 
 
+@pytest.mark.parametrize("manifest", [b"{\xff not json", b"[1, 2]", b'{"format": "something-else"}'])
+def test_a_damaged_manifest_is_named_not_taken_for_a_run_folder(eager_artifact, manifest):
+    """An export folder whose manifest.json is damaged used to fall through to the run-folder path and
+    say "no config.toml (is it a training run folder?)"."""
+    _, out = eager_artifact
+    (out / MANIFEST).write_bytes(manifest)
+    with pytest.raises(ArtifactError, match="manifest.json"):
+        Predictor.load(out)
+    from opengem.serve.serve_cli import PredictorLoader
+
+    with pytest.raises(ArtifactError, match="manifest.json"):  # not compiled as if it were a run
+        PredictorLoader(64)(out, "aoti")
+
+
 def test_a_manifest_naming_a_foreign_file_is_refused(eager_artifact):
     _, out = eager_artifact
     m = json.loads((out / MANIFEST).read_text())

@@ -140,6 +140,15 @@ def is_artifact(path: str | Path) -> bool:
         return False
 
 
+def refuse_damaged(path: str | Path) -> None:
+    """Raise the manifest's own ArtifactError for a folder that is meant as an export artifact (it has a
+    manifest.json, and no config.toml as a run has) but whose manifest cannot be read. Without this, such
+    a folder is not :func:`is_artifact` and is then read as a run folder: "no config.toml"."""
+    p = Path(path)
+    if (p / MANIFEST).is_file() and not (p / "config.toml").is_file() and p.parent.name != "versions":
+        read_manifest(p)
+
+
 def read_manifest(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     m = path / MANIFEST

@@ -26,7 +26,7 @@ from torch._inductor import aoti_load_package
 
 from opengem.data.batch import Batch
 from opengem.data.schema import FeatureSchema
-from opengem.serve.artifact import AOTI, Artifact, is_artifact, read_artifact
+from opengem.serve.artifact import AOTI, Artifact, is_artifact, read_artifact, refuse_damaged
 from opengem.serve.encode import DEFAULT_MAX_CANDIDATES, RequestEncoder
 from opengem.serve.errors import ArtifactError, BadRequest
 from opengem.serve.export import (
@@ -79,6 +79,7 @@ class Predictor:
         p = Path(path)
         if is_artifact(p):
             return cls(read_artifact(p), backend, max_candidates)
+        refuse_damaged(p)
         if backend not in BACKEND_CHOICES:
             raise ArtifactError(f"backend {backend!r}: choose one of {', '.join(BACKEND_CHOICES)}")
         spec = str(path)

@@ -31,7 +31,7 @@ from typing import Any
 
 from opengem.config import load_config
 from opengem.errors import UsageError
-from opengem.serve.artifact import is_artifact
+from opengem.serve.artifact import is_artifact, refuse_damaged
 from opengem.serve.batcher import Scorer
 from opengem.serve.export import export_run
 from opengem.serve.hot_swap import VERSION_DIR, VERSIONS
@@ -130,6 +130,7 @@ class PredictorLoader:
 
     def __call__(self, path: Path, backend: str) -> Scorer:
         if backend == "aoti" and not is_artifact(path):
+            refuse_damaged(path)  # (a damaged export folder is not a run to compile)
             path = self._export_aoti(Path(path))
         return Predictor.load(path, backend=backend, max_candidates=self.max_candidates)
 
