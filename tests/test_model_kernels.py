@@ -4,7 +4,8 @@ The fused path (``model.gem.kernel = "fused"``, the default) changes how blocks 
 folded into the q/k projections, K and V from the halves of the kv weight, and the pyramid's chunked local
 attention run on real chunks only (jagged). These tests flip one model's kernel (the same weights) and
 compare, on random jagged batches with empty rows, batch 1 and a batch with no events at all, down to the
-GEM-small recipe itself (configs/small.toml's model section).
+GEM-small recipe itself (configs/small.toml's model section); and two copies, one per kernel, trained side by
+side for several optimizer steps (issue 13: trained GEMs differed, so equality must hold along training too).
 """
 
 from __future__ import annotations
@@ -198,3 +199,44 @@ def test_fused_encoder_compiles_whole_graph_and_matches_reference():
     use_kernel(enc, "fused")
     compiled = torch.compile(enc, backend="eager", fullgraph=True)
     _close(ref.detach(), compiled(x, mask, target)[0].detach())
+
+
+def _train_batches(schema) -> list[Batch]:  # noqa: ANN001
+    """What a training run feeds that one random batch does not: empty rows, a batch without events, a
+    batch from one surface only (the other surfaces' head weights get no gradient) and a batch whose
+    second task is never observed (its logits get none)."""
+    one_surface = random_batch(schema, 16, seed=12)
+    no_task = random_batch(schema, 16, seed=13)
+    no_task.label_mask[:, -1] = False
+    return [random_batch(schema, 16, seed=10), random_batch(schema, 16, seed=11, max_seq_len=3),
+            dataclasses.replace(one_surface, surface=torch.full_like(one_surface.surface, 2)),
+            no_task, _without_events(random_batch(schema, 8, seed=14)), random_batch(schema, 16, seed=15)]
+
+
+def test_gem_small_fused_and_reference_train_alike(gem_small):
+    """Several optimizer steps, not one backward: the two kernels must leave the same weights and running
+    statistics after each step. SGD with momentum skips a parameter whose grad is None but moves one whose
+    grad is zero, so a gradient one path leaves unset and the other zeroes shows here. (Not AdamW: it scales
+    each gradient by its own magnitude, so on parameters whose true gradient is zero, e.g. the key bias of
+    attention without RoPE, it turns fp32 rounding noise into full-size steps on either path.)"""
+    _, _, schema = gem_small
+    mcfg, _ = _small_recipe()
+    models = []
+    for kernel in ("pytorch", "fused"):
+        mcfg.gem.kernel = kernel
+        torch.manual_seed(0)
+        models.append(build_model(schema, mcfg))
+    opts = [torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9) for m in models]
+    for step, batch in enumerate(_train_batches(schema)):
+        for model, opt in zip(models, opts):
+            model.train()
+            opt.zero_grad(set_to_none=True)
+            out = model(batch)
+            masked_bce(out.logits, batch.labels, batch.label_mask).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+        ref, fused = (dict(m.state_dict()) for m in models)
+        for name, value in ref.items():
+            if value.is_floating_point():
+                torch.testing.assert_close(fused[name], value, atol=ATOL, rtol=RTOL,
+                                           msg=lambda m, n=name, s=step: f"{n} after step {s}: {m}")
