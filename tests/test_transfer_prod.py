@@ -20,9 +20,10 @@ from opengem.model.registry import build_model
 from opengem.train.config import RunConfig
 from opengem.transfer import versions as versions_mod
 from opengem.transfer.aggregate import aggregate, calibration_table, select_rows
-from opengem.transfer.arms import kd_grid_ne, tune_kd
+from opengem.transfer.arms import kd_grid_ne
 from opengem.transfer.experiment import reported_rows
 from opengem.transfer.experiment_config import ExperimentConfig, load_experiment_config
+from opengem.transfer.tuning import choose
 from opengem.transfer.vertical import derive_vm_schema
 from opengem.transfer.windows import (
     published_versions,
@@ -175,6 +176,10 @@ def test_kd_tuning_keeps_every_grid_points_ne_and_picks_the_lowest():
     assert [p["point"] for p in scored] == grid
     nes = [p["ne"] for p in scored]
     assert nes[1] < nes[2] < nes[0] < nes[3]
+
+    def tune_kd(grid_ne: list[dict]) -> list[float]:  # the shared choice at one training length
+        return choose([{**p, "epochs": 1} for p in grid_ne], ["feed"], False, "kd.grid")["feed"]["point"]
+
     assert tune_kd(scored) == [2.0, 1.0]
     for run in res["kd_grid"].values():
         run["labels"] = np.zeros_like(run["labels"])  # one class only: NE undefined everywhere

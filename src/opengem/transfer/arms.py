@@ -6,14 +6,16 @@ from typing import Any
 
 import numpy as np
 
-from opengem.errors import TrainError
 from opengem.transfer.experiment_config import ExperimentConfig
 from opengem.transfer.preds import sigmoid
 from opengem.transfer.results import ne_of
 from opengem.transfer.vm_train import ArmConfig, clone_arm
 
 
-def arm_configs(cfg: ExperimentConfig, kd_best: list[float]) -> dict[str, ArmConfig]:
+def arm_configs(cfg: ExperimentConfig, kd_best: list[float],
+                epochs: dict[str, int] | None = None) -> dict[str, ArmConfig]:
+    """Every arm from one KD point (each distilling arm derives its weight from it, so none gets more tuning
+    than KD) and each arm's epochs per window: ``epochs[arm]`` when given (tuned), else the config's."""
     w, temp = kd_best[0], kd_best[1]
     mse = kd_best[2] if len(kd_best) > 2 else cfg.kd.mse_weight
     kd = ArmConfig("kd", kd_weight=w, kd_temperature=temp, kd_mse_weight=mse)
@@ -36,7 +38,7 @@ def arm_configs(cfg: ExperimentConfig, kd_best: list[float]) -> dict[str, ArmCon
         share_encoder_mode=cfg.sharing.encoder_mode,
     )
     hier = clone_arm(aux, name="hierarchical")
-    return {
+    out = {
         "baseline": ArmConfig(),
         "kd": kd,
         "aux_head": aux,
@@ -45,6 +47,22 @@ def arm_configs(cfg: ExperimentConfig, kd_best: list[float]) -> dict[str, ArmCon
         "param_sharing": share,
         "hierarchical": hier,
     }
+    for name, arm in out.items():
+        arm.epochs_per_window = (epochs or {}).get(name, cfg.epochs_for(name))
+    return out
+
+
+def ne_by_surface(seed_res: dict[str, Any], pick: Any) -> dict[str, list[float]]:
+    """NE of one run's predictions (``pick(surface_result)``) per surface, one per task with both labels."""
+    out: dict[str, list[float]] = {}
+    for sname, r in seed_res.items():
+        run = pick(r)
+        out[sname] = []
+        for t in range(len(r["tasks"])):
+            m = run["mask"][:, t]
+            if m.any() and 0 < run["labels"][m, t].mean() < 1:
+                out[sname].append(ne_of(sigmoid(run["logits"][m, t]), run["labels"][m, t].astype(np.float64)))
+    return out
 
 
 def kd_grid_ne(seed_res: dict[str, Any], grid: list[list[float]]) -> list[dict[str, Any]]:
@@ -53,21 +71,7 @@ def kd_grid_ne(seed_res: dict[str, Any], grid: list[list[float]]) -> list[dict[s
     point sits at the grid's edge (then the grid, shared by every arm, is too narrow)."""
     out = []
     for g in grid:
-        nes = []
-        for r in seed_res.values():
-            run = r["kd_grid"][tuple(g)]
-            for t in range(len(r["tasks"])):
-                m = run["mask"][:, t]
-                if m.any() and 0 < run["labels"][m, t].mean() < 1:
-                    nes.append(ne_of(sigmoid(run["logits"][m, t]), run["labels"][m, t].astype(np.float64)))
+        by = ne_by_surface(seed_res, lambda r, g=g: r["kd_grid"][tuple(g)])
+        nes = [ne for v in by.values() for ne in v]
         out.append({"point": list(g), "ne": float(np.mean(nes)) if nes else float("nan")})
     return out
-
-
-def tune_kd(grid_ne: list[dict[str, Any]]) -> list[float]:
-    """The grid point with the lowest NE averaged over surfaces x tasks (``kd_grid_ne`` of the first seed)."""
-    scored = [p for p in grid_ne if np.isfinite(p["ne"])]
-    if not scored:
-        raise TrainError("kd.grid: no grid point has tuning rows with both labels to score it on (more "
-                         "rows per validation window, or validation_windows > 0)")
-    return list(min(scored, key=lambda p: p["ne"])["point"])

@@ -7,9 +7,10 @@ window sets (``versions.py``); knowledge generated once per example for every st
 evaluated on every later window before training on it:
 
 - baseline: labels only;
-- kd: standard KD on the serving head, tuned over ``kd_grid`` (weight, temperature[, mse weight]);
-  the best grid point by pooled NE is the reference of R (picked on the evaluation rows, which favours
-  KD: R is conservative);
+- kd: standard KD on the serving head, tuned over ``kd_grid`` (weight, temperature[, mse weight]) on the
+  first seed's validation windows (``tuning.py``: with ``tune_epochs`` over epochs x grid, and every other
+  arm's epochs over the same set; with ``tune_per_surface`` per VM surface); the tuned point is the
+  reference of R;
 - aux_head: tuned KD through the auxiliary head (serving head labels only) with gradient/label scaling;
 - student_adapter: + distil from the Student Adapter refit on each window's labels;
 - fm_embeddings: + FM user/ad embeddings (per-version standardised) as VM features;
@@ -22,8 +23,9 @@ Surface bias: ``surface_bias[s]`` is added to the FM's logits on surface s (a co
 miscalibration, see knowledge.py). Output: OUT/transfer.json, OUT/staleness.png, tables on stdout.
 
 By job: ``experiment_config.py`` (the TOML), ``windows.py`` (the stream), ``seed_run.py`` (one seed: FM
-versions, side tables, arms per lag), ``arms.py`` (arm switches, KD tuning), ``hierarchical.py``,
-``aggregate.py`` (per-key numbers over seeds), ``results.py`` (ratios, CIs, tables, plot); this module only
+versions, side tables, arms per lag), ``arms.py`` (arm switches), ``tuning.py`` (KD's point and each
+arm's epochs, shared or per surface, on validation rows), ``hierarchical.py``, ``aggregate.py`` (per-key
+numbers over seeds), ``results.py`` (ratios, CIs, tables, plot); this module only
 runs them in order and writes the result.
 """
 
@@ -43,10 +45,10 @@ import pyarrow.parquet as pq
 from opengem.train.distributed import process_group
 from opengem.train.env import cpu_threads, resolve_device
 from opengem.transfer.aggregate import aggregate, calibration_table, select_rows
-from opengem.transfer.arms import arm_configs, kd_grid_ne, tune_kd
 from opengem.transfer.experiment_config import ALL_ARMS, ExperimentConfig, load_experiment_config
 from opengem.transfer.results import arms_table, fmt, staleness_plot, staleness_table
 from opengem.transfer.seed_run import SeedRun
+from opengem.transfer.tuning import tune_on_validation
 from opengem.transfer.windows import version_for_window
 
 
@@ -68,17 +70,14 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path, log: Any = print) -> 
         if cfg.validation_windows:
             log(f"validation windows {val_windows(runs[0])}: KD tuned and regime calibrated there; "
                 "the arms table reports the windows after them")
-        # 1) default lag: tune KD on the first seed (its validation windows when there are any), then
-        # every arm on every seed
-        first = runs[0].run_lag(cfg.lag, [], None)
-        tune_rows = select_rows(first, val_ids[0]) if cfg.validation_windows else first
-        kd_grid = kd_grid_ne(tune_rows, cfg.kd.grid)
-        kd_best = tune_kd(kd_grid)
-        acfg = arm_configs(cfg, kd_best)
-        log(f"tuned KD: weight={kd_best[0]} temperature={kd_best[1]}")
+        # 1) default lag: tune KD (and, with tune_epochs, every arm's epochs; per surface with
+        # tune_per_surface) on the first seed's validation windows when there are any, then every arm on
+        # every seed with its surface's choices
+        tuned = tune_on_validation(runs[0], val_ids[0], arms, log)
+        acfg = tuned.arm_cfgs(cfg)
         per_seed_all = []
         for i, r in enumerate(runs):
-            res = r.run_lag(cfg.lag, arms, acfg, kd_results={})
+            res = r.run_lag(cfg.lag, arms, None, kd_results={}, surface_arm_cfgs=acfg)
             per_seed_all.append(res)
             log(f"seed {cfg.seeds[i]}: arms done ({time.perf_counter() - t0:.0f}s)")
         per_seed = reported_rows(per_seed_all, val_ids, cfg)
@@ -95,7 +94,8 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path, log: Any = print) -> 
             else:
                 lag_seed = []
                 for i, r in enumerate(runs):
-                    res = r.run_lag(lag, [a for a in sweep_arms if a != "baseline"], acfg, kd_results={})
+                    res = r.run_lag(lag, [a for a in sweep_arms if a != "baseline"], None, kd_results={},
+                                    surface_arm_cfgs=acfg)
                     for sname in res:
                         res[sname]["baseline"] = per_seed_all[i][sname]["baseline"]
                     lag_seed.append(res)
@@ -120,7 +120,13 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path, log: Any = print) -> 
     gen = [g for r in runs for g in r.gen.values()]
     result = {
         "config": asdict(cfg),
-        "kd_tuned": {"weight": kd_best[0], "temperature": kd_best[1], "grid_ne": kd_grid},
+        "kd_tuned": {"per_surface": cfg.tune_per_surface, **tuned.record()},
+        "epochs_per_window": {
+            "tuned_over": cfg.tune_epochs, "per_surface": cfg.tune_per_surface, "chosen": tuned.epochs,
+            "validation_ne": tuned.epoch_scores,
+            # the first seed's VM optimizer steps per arm and surface: epochs x batches, over its windows
+            "steps": {a: {s: per_seed_all[0][s][a].get("steps") for s in per_seed_all[0]} for a in arms},
+        },
         "windows": {"vm": runs[0].windows, "eval": runs[0].eval_windows[cfg.validation_windows:],
                     "validation": val_windows(runs[0])},
         "calibration": calib,

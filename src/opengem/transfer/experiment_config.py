@@ -98,7 +98,19 @@ class ExperimentConfig:
     surface_bias: list[float] = field(default_factory=list)
     arms: list[str] = field(default_factory=lambda: list(ALL_ARMS))
     batch_size: int = 256
+    # passes over each window for every arm that arm_epochs does not name
     epochs_per_window: int = 1
+    # an arm's own training length (arm -> epochs per window): calibration round 5 measured that the best
+    # length differs by arm (the labels-only baseline memorises past 1 epoch; KD's soft labels regularise,
+    # so it wants 2-4), and one length for every arm handicaps whichever arm it was not tuned for
+    arm_epochs: dict[str, int] = field(default_factory=dict)
+    # tune every arm's epochs per window over this set on the validation windows (first seed; the baseline
+    # too, the same set for every arm; KD over set x kd.grid); [] = no tuning (arm_epochs / epochs_per_window)
+    tune_epochs: list[int] = field(default_factory=list)
+    # choose KD's point (and the tuned epochs) per VM surface on that surface's own validation rows; false =
+    # one choice for every surface on the mean over surfaces (round 5: stories' gain then outweighs feed's
+    # and sets feed's point)
+    tune_per_surface: bool = False
     fm_embeddings: list[str] = field(default_factory=lambda: ["user", "ad"])
     kd: KDConfig = field(default_factory=KDConfig)
     aux: AuxConfig = field(default_factory=AuxConfig)
@@ -137,8 +149,37 @@ class ExperimentConfig:
             raise ConfigError(f"fm.train.steps = {self.fm.train.steps}: with fm_versions = 'warm' each "
                               "version trains fm.train.epochs epochs over the windows new since the previous "
                               "one; set fm.train.steps = 0")
+        self.validate_epochs()
         if self.sharing.mode not in ("init", "lowlr", "frozen"):
             raise ConfigError(f"sharing.mode: init | lowlr | frozen, got {self.sharing.mode!r}")
+
+    def validate_epochs(self) -> None:
+        """Training length and how it is tuned: the tuning options choose on validation rows only, so they
+        need validation windows; a per-arm length that tuning would override is refused, not ignored."""
+        def positive(v: object) -> bool:
+            return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+
+        if not positive(self.epochs_per_window):
+            raise ConfigError(f"epochs_per_window: an integer >= 1, got {self.epochs_per_window!r}")
+        for arm, e in self.arm_epochs.items():
+            if arm not in self.arms:
+                raise ConfigError(f"arm_epochs.{arm}: not one of this experiment's arms {self.arms}")
+            if not positive(e):
+                raise ConfigError(f"arm_epochs.{arm}: an integer >= 1, got {e!r}")
+        bad = [e for e in self.tune_epochs if not positive(e)]
+        if bad or len(set(self.tune_epochs)) != len(self.tune_epochs):
+            raise ConfigError(f"tune_epochs: distinct integers >= 1, got {self.tune_epochs!r}")
+        if self.tune_epochs and self.arm_epochs:
+            raise ConfigError(f"arm_epochs = {self.arm_epochs!r} and tune_epochs = {self.tune_epochs!r}: "
+                              "tuning chooses every arm's epochs, so arm_epochs would be ignored; give one")
+        tuned = [k for k in ("tune_epochs", "tune_per_surface") if getattr(self, k)]
+        if tuned and not self.validation_windows:
+            raise ConfigError(f"{tuned[0]}: chooses on the validation windows, and validation_windows = 0 "
+                              "would make it choose on the reported ones; set validation_windows >= 1")
+
+    def epochs_for(self, arm: str) -> int:
+        """An arm's configured (untuned) epochs per window."""
+        return self.arm_epochs.get(arm, self.epochs_per_window)
 
 
 def load_experiment_config(path: str | Path | None, overrides: list[str] | None = None) -> ExperimentConfig:

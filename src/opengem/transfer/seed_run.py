@@ -89,9 +89,16 @@ class SeedRun:
         arms: list[str],
         arm_cfgs: dict[str, ArmConfig] | None,
         kd_results: dict[str, Any] | None = None,
+        kd_grid_epochs: int | None = None,
+        surface_arm_cfgs: dict[str, dict[str, ArmConfig]] | None = None,
     ) -> dict[str, Any]:
-        """Predictions of every arm (and the FM) on the eval windows, per VM surface, at one lag."""
+        """Predictions of every arm (and the FM) on the eval windows, per VM surface, at one lag.
+
+        ``kd_results is None``: also every KD grid point, trained ``kd_grid_epochs`` per window (default:
+        KD's configured length). ``surface_arm_cfgs[surface]``, when given, replaces ``arm_cfgs`` on that
+        surface (per-surface tuning: each surface's own KD point and epochs)."""
         cfg = self.cfg
+        grid_epochs = kd_grid_epochs or cfg.epochs_for("kd")
         side = self.side(lag)
         lut = embedding_lookup(side, cfg.fm_embeddings)
         widths = {n: lut[n].shape[1] for n in cfg.fm_embeddings}
@@ -113,11 +120,13 @@ class SeedRun:
                         kd_weight=g[0],
                         kd_temperature=g[1],
                         kd_mse_weight=g[2] if len(g) > 2 else cfg.kd.mse_weight,
+                        epochs_per_window=grid_epochs,
                     )
                     grid[tuple(g)] = self.run_arm(a, vm_schema, vm_dir, know, s)
                 res["kd_grid"] = grid
+            acfgs = surface_arm_cfgs[sname] if surface_arm_cfgs else arm_cfgs
             for name in arms:
-                a = arm_cfgs[name] if arm_cfgs else None
+                a = acfgs[name] if acfgs else None
                 if name == "hierarchical":
                     res[name] = run_hierarchical(self, a, vm_schema, vm_dir, know, side, s, lag)
                 elif name != "kd" or kd_results is not None:

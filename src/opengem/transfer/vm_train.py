@@ -50,6 +50,9 @@ class ArmConfig:
     share_lr_scale: float = 0.1  # lr multiplier of shared components for "lowlr"
     share_sequence_encoder: bool = False  # also run the FM's sequence encoder (copied) inside the VM
     share_encoder_mode: str = "frozen"  # frozen | lowlr (share_lr_scale): the copied FM history path
+    # passes over each window for this arm (0 = the caller's epochs_per_window): the experiment's per-arm
+    # training length (arm_epochs / tune_epochs), since the best length differs by arm
+    epochs_per_window: int = 0
 
     @property
     def distils(self) -> bool:
@@ -125,7 +128,7 @@ class ProgressiveStudent:
         extra_losses: list[tuple[str, ExtraLoss]] | None = None,
     ) -> None:
         self.schema, self.arm, self.t, self.device = schema, arm, train_cfg, device
-        self.batch_size, self.epochs = batch_size, epochs_per_window
+        self.batch_size, self.epochs = batch_size, arm.epochs_per_window or epochs_per_window
         model_cfg = copy.deepcopy(vm_cfg.model)
         if train_cfg.compile:  # static sequence shapes, as prepare_compile sets for any compiled run
             model_cfg.embedding.pad_to_max_len = True

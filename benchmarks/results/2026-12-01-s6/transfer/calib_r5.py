@@ -95,7 +95,7 @@ def main() -> None:
         kd_cands = [(p["ne"], r["epochs"], p["point"]) for r in table for p in r["kd_grid_ne"]
                     if np.isfinite(p["ne"])]
         _, e_kd, kd_point = min(kd_cands, key=lambda c: (c[0], c[1]))
-        kd_arm = arm_configs(cfg, kd_point)["kd"]
+        kd_arm = arm_configs(cfg, kd_point, {"kd": e_kd})["kd"]  # the arm carries its E (as when it ran)
         log(f"tuned: baseline E={e_base}; KD E={e_kd} weight={kd_point[0]} temperature={kd_point[1]}")
         per_seed = [compose(first[e_base], first[e_kd], lambda r: r["kd_grid"][tuple(kd_point)])]
         same_e = [compose(first[e_kd], first[e_kd], lambda r: r["kd_grid"][tuple(kd_point)])]

@@ -1,0 +1,119 @@
+"""What the experiment chooses on the validation windows before any arm runs for the record: KD's point
+and every arm's epochs per window, one choice for all VM surfaces or one per surface.
+
+Why per arm: calibration round 5 measured that the best training length differs by arm (the labels-only
+baseline memorises its 1-2-day window past one epoch; KD's soft labels regularise, so KD gains from 2-4),
+so one length for every arm handicaps whichever arm it was not tuned for. Why per surface: a VM serves one
+surface, and a KD point tuned on the mean over surfaces is set by the surface with the larger gain (round 5:
+stories set the point and feed's KD VM ended below its baseline).
+
+Equal budget: every arm's epochs are chosen over the same set (``tune_epochs``; the baseline too); KD's
+over that set x ``kd.grid``, and every distilling arm reuses its surface's KD point, so no arm gets more
+tuning than KD. Every choice reads the first seed's validation rows only (``select_rows`` with their
+example ids, applied before anything is scored): the evaluation windows choose nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from opengem.errors import TrainError
+from opengem.transfer.aggregate import select_rows
+from opengem.transfer.arms import arm_configs, ne_by_surface
+from opengem.transfer.experiment_config import ExperimentConfig
+from opengem.transfer.vm_train import ArmConfig
+
+if TYPE_CHECKING:
+    from opengem.transfer.seed_run import SeedRun
+
+
+@dataclass
+class Tuned:
+    """The choices, per VM surface (a shared choice repeats the same value on every surface)."""
+
+    kd_point: dict[str, list[float]]  # surface -> [weight, temperature(, mse)]
+    epochs: dict[str, dict[str, int]]  # arm -> surface -> epochs per window
+    kd_scores: list[dict[str, Any]]  # every (epochs, KD point): validation NE, mean and per surface
+    epoch_scores: dict[str, list[dict[str, Any]]]  # arm -> every candidate length's validation NE
+
+    def arm_cfgs(self, cfg: ExperimentConfig) -> dict[str, dict[str, ArmConfig]]:
+        """Every arm's config per surface: that surface's KD point and epochs."""
+        return {s: arm_configs(cfg, p, {a: e[s] for a, e in self.epochs.items()})
+                for s, p in self.kd_point.items()}
+
+    def record(self) -> dict[str, Any]:
+        """``transfer.json -> kd_tuned``: the shared point's weight/temperature/epochs (None when surfaces
+        differ), each surface's, and every candidate's validation NE."""
+        per = {s: {"weight": p[0], "temperature": p[1], "epochs": self.epochs["kd"][s], "point": p}
+               for s, p in self.kd_point.items()}
+        first = next(iter(per.values()))
+        same = all(v == first for v in per.values())
+        shared = {k: first[k] if same else None for k in ("weight", "temperature", "epochs")}
+        return {**shared, "surfaces": per, "grid_ne": self.kd_scores}
+
+
+def scores(seed_res: dict[str, Any], pick: Any) -> dict[str, Any]:
+    """Validation NE of one candidate: ``ne`` over every surface x task (the shared choice's score) and
+    ``ne_per_surface`` over each surface's tasks (the per-surface choice's)."""
+    by = ne_by_surface(seed_res, pick)
+    flat = [ne for v in by.values() for ne in v]
+    return {"ne": float(np.mean(flat)) if flat else float("nan"),
+            "ne_per_surface": {s: float(np.mean(v)) if v else float("nan") for s, v in by.items()}}
+
+
+def choose(cands: list[dict[str, Any]], surfaces: list[str], per_surface: bool, what: str) -> dict[str, Any]:
+    """Per surface, the candidate with the lowest validation NE (its own surface's when ``per_surface``,
+    else the mean over surfaces, one winner for all); ties go to fewer epochs, then to the earlier
+    candidate (grid order)."""
+    def best(score: Any) -> dict[str, Any]:
+        ok = [(score(c), c["epochs"], i) for i, c in enumerate(cands) if np.isfinite(score(c))]
+        if not ok:
+            raise TrainError(f"{what}: no candidate has validation rows with both labels to score it on "
+                             "(more rows per validation window, or more validation_windows)")
+        return cands[min(ok)[2]]
+
+    if not per_surface:
+        shared = best(lambda c: c["ne"])
+        return {s: shared for s in surfaces}
+    return {s: best(lambda c, s=s: c["ne_per_surface"].get(s, float("nan"))) for s in surfaces}
+
+
+def tune_on_validation(run: SeedRun, val_ids: np.ndarray, arms: list[str], log: Any = print) -> Tuned:
+    """KD's point (over ``tune_epochs`` x ``kd.grid``, or the grid at KD's configured length) and, with
+    ``tune_epochs``, every other arm's length, on ``run``'s validation rows (all its rows when the config
+    has no validation windows: the original protocol, refused with the tuning options)."""
+    cfg = run.cfg
+
+    def rows(res: dict[str, Any]) -> dict[str, Any]:
+        return select_rows(res, val_ids) if cfg.validation_windows else res
+
+    kd_scores = []
+    for e in cfg.tune_epochs or [cfg.epochs_for("kd")]:
+        res = rows(run.run_lag(cfg.lag, [], None, kd_grid_epochs=e))
+        for g in cfg.kd.grid:
+            score = scores(res, lambda r, g=g: r["kd_grid"][tuple(g)])
+            kd_scores.append({"epochs": e, "point": list(g), **score})
+    kd = choose(kd_scores, run.surfaces, cfg.tune_per_surface, "kd.grid")
+    points = {s: c["point"] for s, c in kd.items()}
+    epochs = {"kd": {s: c["epochs"] for s, c in kd.items()}}
+    others = [a for a in arms if a != "kd"]
+    epoch_scores: dict[str, list[dict[str, Any]]] = {}
+    if cfg.tune_epochs:
+        epoch_scores = {a: [] for a in others}
+        for e in cfg.tune_epochs:
+            acfgs = {s: arm_configs(cfg, points[s], {a: e for a in others}) for s in run.surfaces}
+            res = rows(run.run_lag(cfg.lag, others, None, kd_results={}, surface_arm_cfgs=acfgs))
+            for a in others:
+                epoch_scores[a].append({"epochs": e, **scores(res, lambda r, a=a: r[a])})
+        for a in others:
+            pick = choose(epoch_scores[a], run.surfaces, cfg.tune_per_surface, f"tune_epochs ({a})")
+            epochs[a] = {s: c["epochs"] for s, c in pick.items()}
+    else:
+        epochs.update({a: {s: cfg.epochs_for(a) for s in run.surfaces} for a in others})
+    for s in run.surfaces:
+        log(f"tuned on {s}: KD weight={points[s][0]} temperature={points[s][1]}; epochs per window "
+            + ", ".join(f"{a} {epochs[a][s]}" for a in epochs))
+    return Tuned(points, epochs, kd_scores, epoch_scores)
