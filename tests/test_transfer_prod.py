@@ -20,10 +20,9 @@ from opengem.model.registry import build_model
 from opengem.train.config import RunConfig
 from opengem.transfer import versions as versions_mod
 from opengem.transfer.aggregate import aggregate, calibration_table, select_rows
-from opengem.transfer.arms import kd_grid_ne
 from opengem.transfer.experiment import reported_rows
 from opengem.transfer.experiment_config import ExperimentConfig, load_experiment_config
-from opengem.transfer.tuning import choose
+from opengem.transfer.tuning import choose, kd_grid_ne
 from opengem.transfer.vertical import derive_vm_schema
 from opengem.transfer.windows import (
     published_versions,

@@ -24,7 +24,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-ARROW_STREAM = "application/vnd.apache.arrow.stream"
+from opengem.serve.arrow_io import ARROW_STREAM
+
 HEADER_END = b"\r\n\r\n"
 
 

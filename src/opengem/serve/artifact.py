@@ -40,6 +40,8 @@ from opengem.data.adapters.common import AdapterError
 from opengem.data.adapters.encoders_io import KIND as TABLE
 from opengem.data.adapters.encoders_io import VOCAB_FILE, load_vocabularies, save_vocabularies
 from opengem.serve.errors import ArtifactError
+from opengem.serve.hot_swap import VERSIONS
+from opengem.train.run_dir import CONFIG_FILE
 
 FORMAT = "opengem-export"
 FORMAT_VERSION = 1
@@ -145,7 +147,7 @@ def refuse_damaged(path: str | Path) -> None:
     manifest.json, and no config.toml as a run has) but whose manifest cannot be read. Without this, such
     a folder is not :func:`is_artifact` and is then read as a run folder: "no config.toml"."""
     p = Path(path)
-    if (p / MANIFEST).is_file() and not (p / "config.toml").is_file() and p.parent.name != "versions":
+    if (p / MANIFEST).is_file() and not (p / CONFIG_FILE).is_file() and p.parent.name != VERSIONS:
         read_manifest(p)
 
 

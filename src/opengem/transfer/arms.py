@@ -63,15 +63,3 @@ def ne_by_surface(seed_res: dict[str, Any], pick: Any) -> dict[str, list[float]]
             if m.any() and 0 < run["labels"][m, t].mean() < 1:
                 out[sname].append(ne_of(sigmoid(run["logits"][m, t]), run["labels"][m, t].astype(np.float64)))
     return out
-
-
-def kd_grid_ne(seed_res: dict[str, Any], grid: list[list[float]]) -> list[dict[str, Any]]:
-    """Every KD grid point's NE averaged over surfaces x tasks (on the rows given: the first seed's
-    validation windows when there are any), kept in transfer.json so that a reader sees whether the tuned
-    point sits at the grid's edge (then the grid, shared by every arm, is too narrow)."""
-    out = []
-    for g in grid:
-        by = ne_by_surface(seed_res, lambda r, g=g: r["kd_grid"][tuple(g)])
-        nes = [ne for v in by.values() for ne in v]
-        out.append({"point": list(g), "ne": float(np.mean(nes)) if nes else float("nan")})
-    return out

@@ -64,6 +64,13 @@ def scores(seed_res: dict[str, Any], pick: Any) -> dict[str, Any]:
             "ne_per_surface": {s: float(np.mean(v)) if v else float("nan") for s, v in by.items()}}
 
 
+def kd_grid_ne(seed_res: dict[str, Any], grid: list[list[float]]) -> list[dict[str, Any]]:
+    """Every KD grid point's validation NE (:func:`scores`, on the rows given), in grid order, kept in
+    transfer.json so that a reader sees whether the tuned point sits at the grid's edge (then the grid,
+    shared by every arm, is too narrow)."""
+    return [{"point": list(g), **scores(seed_res, lambda r, g=g: r["kd_grid"][tuple(g)])} for g in grid]
+
+
 def choose(cands: list[dict[str, Any]], surfaces: list[str], per_surface: bool, what: str) -> dict[str, Any]:
     """Per surface, the candidate with the lowest validation NE (its own surface's when ``per_surface``,
     else the mean over surfaces, one winner for all); ties go to fewer epochs, then to the earlier
@@ -93,9 +100,7 @@ def tune_on_validation(run: SeedRun, val_ids: np.ndarray, arms: list[str], log: 
     kd_scores = []
     for e in cfg.tune_epochs or [cfg.epochs_for("kd")]:
         res = rows(run.run_lag(cfg.lag, [], None, kd_grid_epochs=e))
-        for g in cfg.kd.grid:
-            score = scores(res, lambda r, g=g: r["kd_grid"][tuple(g)])
-            kd_scores.append({"epochs": e, "point": list(g), **score})
+        kd_scores += [{"epochs": e, **p} for p in kd_grid_ne(res, cfg.kd.grid)]
     kd = choose(kd_scores, run.surfaces, cfg.tune_per_surface, "kd.grid")
     points = {s: c["point"] for s, c in kd.items()}
     epochs = {"kd": {s: c["epochs"] for s, c in kd.items()}}

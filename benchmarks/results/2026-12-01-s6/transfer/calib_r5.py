@@ -7,7 +7,8 @@ set (EPOCHS below) for the baseline and for KD, which the experiment's config ca
 therefore drives the experiment's own pieces in the experiment's order: ``SeedRun`` (stream, FM versions,
 side tables), ``SeedRun.run_lag`` for the baseline and the KD grid at each E on the first seed, picks on
 that seed's validation windows (baseline: E; KD: E x kd.grid; lowest NE averaged over surfaces, ties to
-fewer epochs, the rule ``arms.tune_kd`` applies), runs the other seeds at the picked points, and reports
+fewer epochs, the rule ``arms.tune_kd`` applied then,
+``tuning.choose`` now), runs the other seeds at the picked points, and reports
 ``aggregate.calibration_table`` (TR with its paired bootstrap CI over rows, pooled and per seed) on the
 validation windows only. The evaluation window is predicted by every VM (``run_arm`` predicts all windows
 after the first) but read by nothing here. Writes OUT/calib_r5.json.
@@ -30,12 +31,13 @@ from opengem.model.registry import build_model
 from opengem.train.distributed import process_group
 from opengem.train.env import cpu_threads, resolve_device
 from opengem.transfer.aggregate import calibration_table, select_rows
-from opengem.transfer.arms import arm_configs, kd_grid_ne
+from opengem.transfer.arms import arm_configs
 from opengem.transfer.experiment import _jsonable, calibration_text, validation_ids
 from opengem.transfer.experiment_config import load_experiment_config
 from opengem.transfer.preds import sigmoid
 from opengem.transfer.results import ne_of
 from opengem.transfer.seed_run import SeedRun
+from opengem.transfer.tuning import kd_grid_ne
 from opengem.transfer.vm_train import ArmConfig
 
 # the same set for every arm (R5_EPOCHS=1,2 only to smoke-test the script on fewer runs)
