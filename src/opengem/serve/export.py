@@ -121,6 +121,43 @@ def flat_tensors(batch: Batch, schema: FeatureSchema) -> list[torch.Tensor]:
     return out
 
 
+def flat_tensor_chunks(batch: Batch, schema: FeatureSchema, rows: int) -> list[list[torch.Tensor]]:
+    """:func:`flat_tensors` of consecutive slices of at most ``rows`` rows of ``batch`` (one list when it
+    has no more rows than that; ``rows <= 0``: never split).
+
+    Why: the AOTInductor forward of a small vertical model costs more per row on one large merged batch
+    than on a few smaller ones (0.85 vs 0.70 ms per 512 candidates at 8,192 vs 2,048 rows, measured on the
+    vertical model of configs/transfer.toml: its intermediates stop fitting in the core's cache), so the
+    Predictor runs a large dynamically merged batch in slices. Jagged values are sliced by their rows'
+    offsets, so each slice is exactly the batch those rows would have made alone."""
+    dense, surface, sparse, sequences = flat_inputs(batch, schema)
+    B = int(surface.shape[0])
+    if rows <= 0 or B <= rows:
+        return [flat_tensors(batch, schema)]
+    bounds = list(range(0, B, rows)) + [B]
+
+    def cuts(lengths: torch.Tensor) -> list[int]:
+        offsets = torch.zeros(B + 1, dtype=torch.int64)
+        offsets[1:] = lengths.cumsum(0)
+        return offsets[bounds].tolist()
+
+    sparse_cuts = {k: cuts(n) for k, (_, n) in sparse.items()}
+    seq_cuts = {g: cuts(n) for g, (n, _, _) in sequences.items()}
+    chunks = []
+    for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
+        out = [dense[a:b], surface[a:b]]
+        for k, (values, lengths) in sparse.items():
+            c = sparse_cuts[k]
+            out += [values[c[i]:c[i + 1]], lengths[a:b]]
+        for g, (lengths, ids, dn) in sequences.items():
+            c = seq_cuts[g]
+            out.append(lengths[a:b])
+            out += [v[c[i]:c[i + 1]] for v in ids.values()]
+            out += [v[c[i]:c[i + 1]] for v in dn.values()]
+        chunks.append(out)
+    return chunks
+
+
 def _per_key(kjt: Any, keys: list[str], rows: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """Each key's (values, lengths) of a KeyedJaggedTensor whose keys each hold one length per row (every
     Batch the loader and the Predictor build): a view of the lengths per key and one split of the values.
@@ -165,9 +202,18 @@ def export_program(model: nn.Module, schema: FeatureSchema) -> torch.export.Expo
                                    dynamic_shapes=_dynamic_shapes(schema), strict=False)
 
 
+# Inductor settings of the AOTI package. ``freezing``: the weights become constants of the compiled code,
+# so Inductor folds what depends only on them and lays out the linear layers' weights for the CPU's GEMM
+# once, at compile time, instead of on every call (vertical model of configs/transfer.toml, per 512
+# candidates: 1.10 -> 0.82 ms at 512 rows, 0.70 -> 0.59 at 2,048; same compile time, same outputs to 1e-6).
+# A served package is never trained further, so nothing is lost by folding its weights in.
+AOTI_INDUCTOR_CONFIGS: dict[str, Any] = {"freezing": True}
+
+
 def compile_aoti(program: torch.export.ExportedProgram, path: Path) -> Path:
     """An AOTInductor package of ``program`` for this machine's CPU, written to ``path``."""
-    return Path(aoti_compile_and_package(program, package_path=str(path)))
+    return Path(aoti_compile_and_package(program, package_path=str(path),
+                                         inductor_configs=dict(AOTI_INDUCTOR_CONFIGS)))
 
 
 # --------------------------------------------------------------------------- a model <-> an artifact

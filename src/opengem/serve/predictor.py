@@ -34,6 +34,7 @@ from opengem.serve.export import (
     export_model,
     export_program,
     flat_inputs,
+    flat_tensor_chunks,
     flat_tensors,
     load_run,
     make_artifact,
@@ -42,6 +43,8 @@ from opengem.serve.export import (
 from opengem.transfer.versions import VERSION_NAME, VERSIONS
 
 BACKEND_CHOICES = ("auto", "eager", "export", "aoti")
+# AOTI runs a larger merged batch in slices of this many rows (why: export.flat_tensor_chunks)
+AOTI_CHUNK_ROWS = 2048
 
 
 class Predictor:
@@ -54,7 +57,8 @@ class Predictor:
     takes_arrow_tables = True  # a request's candidates may be a pyarrow.Table (an Arrow body, as columns)
 
     def __init__(self, artifact: Artifact, backend: str = "auto",
-                 max_candidates: int = DEFAULT_MAX_CANDIDATES) -> None:
+                 max_candidates: int = DEFAULT_MAX_CANDIDATES,
+                 aoti_chunk_rows: int = AOTI_CHUNK_ROWS) -> None:
         if backend not in BACKEND_CHOICES:
             raise ArtifactError(f"backend {backend!r}: choose one of {', '.join(BACKEND_CHOICES)}")
         self.artifact = artifact
@@ -65,20 +69,21 @@ class Predictor:
         self.surfaces = list(self.schema.surfaces)
         self.encoder = RequestEncoder(self.schema, max_candidates, artifact.encoding)
         self.backend = _choose(backend, artifact)
+        self.aoti_chunk_rows = aoti_chunk_rows
         self._forward = self._make_forward(self.backend)
         self._lock = threading.Lock()  # one forward at a time per Predictor (AOTI runners are not reentrant)
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
 
     # ------------------------------------------------------------------ loading
     @classmethod
-    def load(cls, path: str | Path, backend: str = "auto",
-             max_candidates: int = DEFAULT_MAX_CANDIDATES) -> Predictor:
+    def load(cls, path: str | Path, backend: str = "auto", max_candidates: int = DEFAULT_MAX_CANDIDATES,
+             aoti_chunk_rows: int = AOTI_CHUNK_ROWS) -> Predictor:
         """An export dir, or a run (``RUN``, ``RUN@version``, or a published ``RUN/versions/vNNNN``
         folder) exported on the fly: in memory for eager/auto, into a private temporary folder for
         export/aoti (an AOTI compile takes minutes on a small CPU)."""
         p = Path(path)
         if is_artifact(p):
-            return cls(read_artifact(p), backend, max_candidates)
+            return cls(read_artifact(p), backend, max_candidates, aoti_chunk_rows)
         refuse_damaged(p)
         if backend not in BACKEND_CHOICES:
             raise ArtifactError(f"backend {backend!r}: choose one of {', '.join(BACKEND_CHOICES)}")
@@ -89,12 +94,12 @@ class Predictor:
         encoding = dataset_encoding(r.data_path)
         if backend in ("auto", "eager"):
             art = make_artifact(r.model, r.schema, r.cfg, r.version, r.trained_through_ts, r.source, encoding)
-            return cls(art, "eager", max_candidates)
+            return cls(art, "eager", max_candidates, aoti_chunk_rows)
         tmp = tempfile.TemporaryDirectory(prefix="opengem-predictor-")
         out = Path(tmp.name) / "artifact"
         export_model(r.model, r.schema, r.cfg, out, backend=backend, version=r.version,
                      trained_through_ts=r.trained_through_ts, source=r.source, encoding=encoding)
-        predictor = cls(read_artifact(out), backend, max_candidates)
+        predictor = cls(read_artifact(out), backend, max_candidates, aoti_chunk_rows)
         predictor._tmp = tmp  # the package files live as long as the Predictor
         return predictor
 
@@ -148,18 +153,29 @@ class Predictor:
             raise ArtifactError(f"{where}: cannot load the "
                                 f"AOTI package on this machine ({type(e).__name__}: {str(e)[:200]}); "
                                 "export again here") from None
-        return _aoti_runner(runner, self.schema)
+        return _aoti_runner(runner, self.schema, self.aoti_chunk_rows)
 
 
-def _aoti_runner(package: Any, schema: FeatureSchema) -> Callable[[Batch], torch.Tensor]:
+def _aoti_runner(package: Any, schema: FeatureSchema, chunk_rows: int = 0) -> Callable[[Batch], torch.Tensor]:
     """An AOTInductor package's forward, called through its loader with the inputs already flat
     (:func:`~opengem.serve.export.flat_tensors`), skipping the pytree flattening its ``__call__`` does on
-    every call; a package object without that loader (another torch) is called the documented way."""
+    every call; a package object without that loader (another torch) is called the documented way.
+    A batch of more than ``chunk_rows`` rows runs in slices of that many (``flat_tensor_chunks`` says
+    why); ``0`` = one call whatever the size."""
     loader = getattr(package, "loader", None)
     if loader is None or not hasattr(loader, "boxed_run") or not hasattr(loader, "get_call_spec"):
         return _flat_runner(package, schema)
     out_spec = pytree.treespec_loads(loader.get_call_spec()[1])
-    return lambda b: pytree.tree_unflatten(loader.boxed_run(flat_tensors(b, schema)), out_spec)
+
+    def run(flat: list[torch.Tensor]) -> torch.Tensor:
+        return pytree.tree_unflatten(loader.boxed_run(flat), out_spec)
+
+    def forward(b: Batch) -> torch.Tensor:
+        if chunk_rows <= 0 or b.surface.shape[0] <= chunk_rows:
+            return run(flat_tensors(b, schema))
+        return torch.cat([run(flat) for flat in flat_tensor_chunks(b, schema, chunk_rows)])
+
+    return forward
 
 
 def _flat_runner(fn: Callable[..., torch.Tensor] | nn.Module, schema: FeatureSchema
