@@ -130,6 +130,7 @@ def test_sigterm_while_compiling_before_listening_stops_promptly_and_cleans_up(t
     (["--model", ".", "--port", "70000"], "--port: must be in 0..65535"),
     (["--model", ".", "--max-candidates", "0"], "--max-candidates: must be >= 1"),
     (["--model", ".", "--max-wait-us", "-5"], "--max-wait-us: must be >= 0"),
+    (["--model", ".", "--aoti-chunk-rows", "-1"], "--aoti-chunk-rows: must be >= 0"),
     (["--model", ".", "--cpus", "0-x"], "--cpus: a list such as 0 or 0,2 or 1-3"),
 ])
 def test_serve_cli_refuses_bad_settings_in_one_line(capsys, args: list[str], message: str) -> None:  # type: ignore[no-untyped-def]
@@ -139,11 +140,13 @@ def test_serve_cli_refuses_bad_settings_in_one_line(capsys, args: list[str], mes
 
 def test_serve_config_from_toml_flags_win_and_round_trips(tmp_path: Path) -> None:
     f = tmp_path / "serve.toml"
-    f.write_text("port = 9100\nmax_wait_us = 250\nmax_batch_candidates = 4096\npoll_s = 0.5\n")
+    f.write_text("port = 9100\nmax_wait_us = 250\nmax_batch_candidates = 4096\npoll_s = 0.5\n"
+                 "aoti_chunk_rows = 1024\n")
     p = argparse.ArgumentParser()
     add_arguments(p)
     cfg = resolve_config(p.parse_args(["--model", ".", "--config", str(f), "--max-wait-us", "100"]))
     assert (cfg.port, cfg.max_wait_us, cfg.max_batch_candidates, cfg.poll_s) == (9100, 100, 4096, 0.5)
+    assert cfg.aoti_chunk_rows == 1024
     save_config(cfg, tmp_path / "back.toml")
     assert load_config(ServeConfig, tmp_path / "back.toml") == cfg
     f.write_text("max_wait_us = 250\nmax_wiat_us = 3\n")

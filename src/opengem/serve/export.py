@@ -125,11 +125,11 @@ def flat_tensor_chunks(batch: Batch, schema: FeatureSchema, rows: int) -> list[l
     """:func:`flat_tensors` of consecutive slices of at most ``rows`` rows of ``batch`` (one list when it
     has no more rows than that; ``rows <= 0``: never split).
 
-    Why: the AOTInductor forward of a small vertical model costs more per row on one large merged batch
-    than on a few smaller ones (0.85 vs 0.70 ms per 512 candidates at 8,192 vs 2,048 rows, measured on the
-    vertical model of configs/transfer.toml: its intermediates stop fitting in the core's cache), so the
-    Predictor runs a large dynamically merged batch in slices. Jagged values are sliced by their rows'
-    offsets, so each slice is exactly the batch those rows would have made alone."""
+    Why: the AOTInductor forward of a small vertical model can cost more per row on one large merged batch
+    than on a few smaller ones (0.73-0.80 vs 0.64-0.72 ms per 512 candidates at 8,192 vs 2,048 rows,
+    measured on the vertical model of configs/transfer.toml, whose intermediates then stop fitting in the
+    core's cache), so the Predictor can run a large merged batch in slices (``aoti_chunk_rows``). Jagged
+    values are sliced by their rows' offsets, so each slice is exactly the batch those rows make alone."""
     dense, surface, sparse, sequences = flat_inputs(batch, schema)
     B = int(surface.shape[0])
     if rows <= 0 or B <= rows:

@@ -68,8 +68,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="how long a batch waits for more requests, in microseconds (default 500)")
     p.add_argument("--aoti-chunk-rows", type=int, default=None,
                    help="the AOTI backend scores a larger merged batch in slices of this many rows (default "
-                        "2048; 0 = one call): a small model's compiled forward costs less per row on slices "
-                        "that fit the CPU's cache")
+                        "0 = one call); a small model's compiled forward can cost less per row on slices "
+                        "that fit the CPU's cache (docs/SERVING.md)")
     p.add_argument("--max-queue", type=int, default=None, help="requests waiting; more get 503 (default "
                    "4096)")
     p.add_argument("--poll-s", type=float, default=None, help="hot swap: seconds between looks at versions/")

@@ -60,7 +60,7 @@ class ServeConfig:
     max_candidates: int = 1024  # per request; more is a 413
     max_batch_candidates: int = 8192  # per forward pass, summed over the merged requests (16 x 512)
     max_wait_us: int = 500  # how long the first request of a batch waits for others
-    aoti_chunk_rows: int = 2048  # AOTI scores a larger merged batch in slices of this many rows; 0 = one call
+    aoti_chunk_rows: int = 0  # AOTI scores a larger merged batch in slices of this many rows; 0 = one call
     max_queue: int = 4096  # requests waiting for the model; more is a 503
     max_body_bytes: int = 16 * 1024 * 1024
     poll_s: float = 2.0  # hot swap: how often versions/ is looked at
