@@ -14,7 +14,9 @@ Conventions (reported in the output under ``conventions``):
   (``executed_fwd_flops_per_example``; headline ``mfu``), and at full ``max_len`` beside it
   (``fwd_flops_per_example``, ``mfu_full``): histories are jagged, and counting them at max_len
   over-states the work. The FlopCounterMode forward FLOPs on one real batch are reported too
-  (``measured_fwd_flops_per_example``, ``mfu_measured_flops``);
+  (``measured_fwd_flops_per_example``, ``mfu_measured_flops``), and the FLOPs the model runs padding
+  included (``padded_fwd_flops_per_example``, ``mfu_padded``, ``mfu_cpu_padded``: GEM's sequence path at
+  each batch's, or each length bucket's, padded width): the headline never counts padding as work;
 - the peak is the matmul peak of the precision the step runs in (bf16 under ``train.precision = "bf16"``),
   measured in the same process; ``peak_flops_fp32`` is measured beside it under bf16, for reference;
 - on a shared CPU, wall-clock rates include time slices lost to other processes; ``mfu_cpu`` divides
@@ -33,7 +35,12 @@ from typing import Any
 
 from opengem.bench.machine import PeakMemory, load_average, matmul_peak, pool_peaks, sync
 from opengem.errors import TrainError, UsageError
-from opengem.model.flops import executed_flops_per_example, measured_flops, model_flops
+from opengem.model.flops import (
+    executed_flops_per_example,
+    measured_flops,
+    model_flops,
+    padded_flops_per_example,
+)
 from opengem.train.config import RunConfig
 from opengem.train.data import prepare_data
 from opengem.train.env import resolve_device
@@ -42,6 +49,8 @@ from opengem.train.trainer import Trainer
 CONVENTIONS = {
     "flops_per_example": "3 x analytic forward FLOPs (fwd + bwd), lookups = 0, at each example's real "
                          "history length (mfu); flops_per_example_full: at max_len (mfu_full)",
+    "padded_flops_per_example": "3 x analytic forward FLOPs as run, padding included: the sequence path "
+                                "at each batch's or bucket's padded width (mfu_padded, mfu_cpu_padded)",
     "examples_per_s": "median of timed windows after warm-up; batches pre-read and cycled (no data loading)",
     "peak_flops": "best timed block of n^3 matmuls (7 blocks before, 3 after each window, 7 after; each "
                   "after a 0.25 s warm-up, blocks of >= 10 ms) in the same process and threads, in the run's "
@@ -114,6 +123,7 @@ def bench_train(cfg: RunConfig, run_dir: str | Path, data_dir: str | Path | None
         plain, model = trainer.parallel.plain, trainer.model
         fwd = model_flops(plain)
         executed_fwd = executed_flops_per_example(plain, batches)
+        padded_fwd = padded_flops_per_example(plain, batches)
         measured_fwd = measured_flops(model, batches[0])
         model.train()
         dense_list = trainer.optimizers.dense
@@ -137,10 +147,13 @@ def bench_train(cfg: RunConfig, run_dir: str | Path, data_dir: str | Path | None
         "mfu_cpu": eps_cpu * fpe / peak["peak_flops_cpu"],
         "mfu": achieved / peak["peak_flops"],
         "mfu_full": eps * 3 * fwd / peak["peak_flops"],
+        "mfu_padded": eps * 3 * padded_fwd / peak["peak_flops"],
+        "mfu_cpu_padded": eps_cpu * 3 * padded_fwd / peak["peak_flops_cpu"],
         "peak_mem_mb": memory["peak_mem_mb"],
         "time_to_first_step_s": ttfs,
         "fwd_flops_per_example": fwd,
         "executed_fwd_flops_per_example": executed_fwd,
+        "padded_fwd_flops_per_example": padded_fwd,
         "measured_fwd_flops_per_example": measured_fwd,
         "mfu_measured_flops": eps * 3 * measured_fwd / peak["peak_flops"],
         "window_examples_per_s": rates,

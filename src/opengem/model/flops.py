@@ -86,6 +86,28 @@ def executed_flops_per_example(model: torch.nn.Module, batches: Iterable[Batch])
     return total / rows
 
 
+def padded_flops_per_example(model: torch.nn.Module, batches: Iterable[Batch]) -> float:
+    """Forward FLOPs per example as the model runs them, padding included, averaged over ``batches``.
+
+    A padded block works on every slot of its padded rows, real or not: GEM's sequence path costs
+    ``flops(width)`` per row, where width is the batch's longest history, or with ``gem.seq_buckets`` each
+    bucket's longest row, so a bucketed batch counts sum over buckets of rows x flops(bucket width). Models
+    say so through ``batch_flops(batch)``; for one without it, the count at real lengths
+    (:func:`executed_flops_per_example`). With one sequence group it is >= that count, and the difference
+    is padding, the work that length buckets remove (with several, that count is itself an upper bound).
+    MFU on it tells how busy the machine was; MFU on real lengths, how much of that was the model's own
+    work.
+    """
+    batches = list(batches)
+    fn = getattr(model, "batch_flops", None)
+    if fn is None:
+        return executed_flops_per_example(model, batches)
+    rows = sum(b.batch_size for b in batches)
+    if rows == 0:
+        raise ValueError("padded_flops_per_example: no examples in the batches")
+    return sum(int(fn(b)) for b in batches) / rows
+
+
 def flop_counter(display: bool = False) -> FlopCounterMode:
     """FlopCounterMode that also counts opengem's ops on every backend (their formulas, this counter only)."""
     return FlopCounterMode(display=display, custom_mapping=flop_formulas())

@@ -11,6 +11,16 @@ output tokens.
 
 extras: "ad" = the ranked ad's token, "user" = the mean of the sequence summary S_sum (or of the final
 interaction tokens when there is no sequence), "trunk" = the head's shared trunk.
+
+``seq_buckets = K > 1`` runs the sequence path (merge -> encoder -> InterFormer: everything whose cost
+grows with the padded length) on up to K buckets of rows of similar history length, each padded only to
+its own longest row (:mod:`opengem.ops.length_buckets`), and puts the rows back in the batch's order. Exact:
+every op on that path is per row (per-token LayerNorms, attention within a row, per-row gathers and Wukong
+interactions; no BatchNorm or batch statistics, which sit in the embedding, before the split), and levels
+and RoPE positions never depend on the padded length. The one exception is dropout inside the Wukong MLP
+(``gem.wukong.dropout > 0``, 0 in every recipe): in training it draws other masks on other shapes. Where
+shapes must not depend on the data (torch.compile, torch.export, FX tracing, ``embedding.pad_to_max_len``)
+the whole batch runs as one (K = 1): same numbers, static shapes.
 """
 
 from __future__ import annotations
@@ -27,11 +37,13 @@ from opengem.model.embedding import (
     EmbeddedFeatures,
     EmbeddingConfig,
     FeatureEmbedding,
+    SequenceTokens,
     check_at_least,
     check_choice,
     check_heads,
     check_widths,
 )
+from opengem.model.flops import linear_flops
 from opengem.model.heads import HeadConfig, MultiSurfaceHead
 from opengem.model.interformer import InterFormer, InterFormerConfig
 from opengem.model.output import ModelOutput
@@ -39,6 +51,7 @@ from opengem.model.sequence import SequenceEncoder, SequenceEncoderConfig, _pyra
 from opengem.model.wukong import WukongConfig, WukongStack
 from opengem.ops.jagged import compact, zero_padding
 from opengem.ops.kernel import WITH_FUSED
+from opengem.ops.length_buckets import length_buckets, restore_rows, take_rows
 
 
 @dataclass
@@ -52,6 +65,9 @@ class GEMConfig:
     # ops kernel of every block (opengem.ops.kernel): "fused" = the hand-fused twins (same parameters, same
     # numbers within fp32 rounding, faster), "pytorch" = the reference ops
     kernel: str = "fused"
+    # the sequence path on this many buckets of rows of similar history length, each padded to its own
+    # longest row, not the batch's (exact; see the module docstring); 1 = the whole batch as one
+    seq_buckets: int = 1
 
 
 def check_sizes(cfg: GEMConfig, d: int, seq_max_len: int | None) -> None:
@@ -63,6 +79,7 @@ def check_sizes(cfg: GEMConfig, d: int, seq_max_len: int | None) -> None:
     """
     w, f, s = cfg.wukong, cfg.interformer, cfg.sequence
     check_choice("gem.kernel", cfg.kernel, tuple(k.value for k in WITH_FUSED))
+    check_at_least("gem.seq_buckets", cfg.seq_buckets, 1)
     if seq_max_len is None:
         layers_key, layers = "gem.wukong.num_layers", w.num_layers
     else:
@@ -138,23 +155,88 @@ class GEM(nn.Module):
             for g in self.groups:
                 if g not in e.sequences:
                     raise KeyError(f"GEM: batch has no sequence group {g!r} (groups: {list(e.sequences)})")
-            seq, mask = merge_sequences([(e.sequences[g].values, e.sequences[g].mask) for g in self.groups],
-                                        self.group_type)
-            seq, mask = self.encoder(seq, mask, e.target)
-            h, _, s_sum = self.interformer(e.tokens, seq, mask)
-            user = s_sum.mean(dim=1)
+            seqs = [e.sequences[g] for g in self.groups]
+            if self._bucketed():
+                h, user = self._bucketed_sequence_path(e.tokens, seqs, e.target)
+            else:
+                h, user = self._sequence_path(e.tokens, [(s.values, s.mask) for s in seqs], e.target)
         else:
             x = self.wukong(e.tokens)
             h, user = x.flatten(1), x.mean(dim=1)
         logits, trunk = self.head(h, batch.surface)
         return ModelOutput(logits=logits, trunk=trunk, extras={"user": user, "ad": e.target, "trunk": trunk})
 
+    def _bucketed(self) -> bool:
+        """Whether forward splits the sequence path into length buckets (see the module docstring)."""
+        tracing = torch.compiler.is_compiling() or torch.fx._symbolic_trace.is_fx_symbolic_tracing()
+        return self.cfg.seq_buckets > 1 and not self.embedding.cfg.pad_to_max_len and not tracing
+
+    def _sequence_path(
+        self,
+        tokens: torch.Tensor,
+        parts: list[tuple[torch.Tensor, torch.Tensor]],
+        target: torch.Tensor,
+        width: int | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(head input [B, out_dim], user vector [B, d]) of rows whose groups are ``parts``; ``width`` cuts
+        the merged sequence (lossless when no row has more events: merging puts real events first)."""
+        seq, mask = merge_sequences(parts, self.group_type)
+        if width is not None and seq.shape[1] > width:
+            seq, mask = seq[:, :width], mask[:, :width]
+        seq, mask = self.encoder(seq, mask, target)
+        h, _, s_sum = self.interformer(tokens, seq, mask)
+        return h, s_sum.mean(dim=1)
+
+    def _bucketed_sequence_path(
+        self, tokens: torch.Tensor, seqs: list[SequenceTokens], target: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`_sequence_path` per length bucket, each as wide as its longest merged row; rows restored."""
+        lengths = sum(s.mask.sum(1) for s in seqs)  # merged length of each row (the mask: what is padded)
+        hs, users, row_lists = [], [], []
+        for rows, longest in length_buckets(lengths, self.cfg.seq_buckets):
+            width = max(longest, 1)  # a bucket of empty rows keeps one masked slot, as the embedding does
+            parts = [take_rows(s.values, s.mask, rows, width) for s in seqs]
+            h, user = self._sequence_path(tokens.index_select(0, rows), parts, target.index_select(0, rows),
+                                          width)
+            hs.append(h)
+            users.append(user)
+            row_lists.append(rows)
+        return restore_rows(hs, row_lists), restore_rows(users, row_lists)
+
     def flops_per_example(self, seq_len: int | None = None) -> int:
         """Analytic forward FLOPs per example, every sequence full (``seq_len`` capped per group)."""
         total = self.embedding.flops_per_example(seq_len) + self.head.flops_per_example()
         if self.groups:
-            L = sum(self.embedding.seq_len(g, seq_len) for g in self.groups)
-            total += self.encoder.flops(L) + self.interformer.flops(self.encoder.out_len(L))
+            total += self.sequence_path_flops(sum(self.embedding.seq_len(g, seq_len) for g in self.groups))
         else:
             total += self.wukong.flops()
+        return total
+
+    def sequence_path_flops(self, width: int) -> int:
+        """Forward FLOPs per row of the sequence path (encoder + InterFormer) at merged padded ``width``."""
+        return self.encoder.flops(width) + self.interformer.flops(self.encoder.out_len(width))
+
+    def batch_flops(self, batch: Batch) -> int:
+        """Analytic forward FLOPs of ``batch`` as forward runs it: the embedding's per-event projections at
+        each row's real lengths (they run on the jagged events), the sequence path at the padded width of
+        each bucket it runs (the whole batch's when unbucketed), the rest per row. The reference kernels'
+        work exactly (FlopCounterMode agrees, see tests/test_gem_seq_buckets.py); the fused pyramid skips
+        chunks without events, so on that path it is an upper bound."""
+        B = batch.batch_size
+        if not self.groups:
+            return self.flops_per_example() * B
+        total = (self.embedding.flops_per_example(0) + self.head.flops_per_example()) * B
+        lengths = []
+        for g in self.groups:
+            n = batch.sequences[g].lengths.detach().to("cpu", torch.long)
+            total += linear_flops(self.embedding.seq_proj[g].in_features, self.embedding.d) * int(n.sum())
+            lengths.append(n)
+        merged = sum(lengths)
+        if self._bucketed():
+            for rows, longest in length_buckets(merged, self.cfg.seq_buckets):
+                total += rows.numel() * self.sequence_path_flops(max(longest, 1))
+        else:  # each group padded to its longest row (or max_len), the groups side by side
+            widths = [self.schema.sequence(g).max_len if self.embedding.cfg.pad_to_max_len
+                      else max(int(n.max()) if n.numel() else 0, 1) for g, n in zip(self.groups, lengths)]
+            total += B * self.sequence_path_flops(sum(widths))
         return total
