@@ -137,13 +137,17 @@ print(json.dumps(s))
 """
 
 
-def run_opengem(model: str, flat: Path, work: Path, args: argparse.Namespace) -> dict:
-    """opengem's own trainer on the flat dataset: DMP + fused row-wise Adagrad for tables, AdamW dense."""
+def run_opengem(spec: str, flat: Path, work: Path, args: argparse.Namespace) -> dict:
+    """opengem's own trainer on the flat dataset: DMP + fused row-wise Adagrad for tables, AdamW dense.
+    ``spec`` is a model name, or ``name@bf16`` for ``train.precision = "bf16"`` (autocast, fp32 master
+    weights)."""
+    model, _, precision = spec.partition("@")
     mlp = "[" + ",".join(map(str, args.mlp)) + "]"
     ov = [f"model.name={model}", f"model.embedding.d={args.emb_dim}", f"data.batch_size={args.batch_size}",
           "data.eval_batch_size=8192", "train.steps=0", "train.epochs=1", f"train.lr={args.lr}",
           "train.warmup_steps=0", f"train.threads={args.threads}", "train.progress=false",
-          "train.log_every=50", "model.head.hidden=[]", "model.head.adapter_dim=0"]
+          "train.log_every=50", "model.head.hidden=[]", "model.head.adapter_dim=0",
+          f"train.precision={precision or 'fp32'}"]
     cfg = ""
     if model == "dcnv2":
         ov += [f"model.dcnv2.num_cross_layers={args.cross_layers}", f"model.dcnv2.deep_mlp={mlp}",
@@ -151,18 +155,18 @@ def run_opengem(model: str, flat: Path, work: Path, args: argparse.Namespace) ->
     else:  # GEM: the tiny recipe's interaction sizes at this embedding width
         cfg = str(REPO / "configs" / "tiny.toml")
         ov += [f"model.gem.wukong.mlp_dims={mlp}"]
-    run_dir = work / f"opengem-{model}"
+    run_dir = work / f"opengem-{spec}"
     shutil.rmtree(run_dir, ignore_errors=True)
     cmd = [sys.executable, "-c", OPENGEM_RUNNER, cfg, str(run_dir), str(flat), *ov]
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, cwd=REPO)
     except subprocess.TimeoutExpired:
-        return {"lib": f"opengem {model}", "skipped": f"timed out after {args.timeout}s"}
+        return {"lib": f"opengem {spec}", "skipped": f"timed out after {args.timeout}s"}
     if p.returncode != 0:
-        return {"lib": f"opengem {model}", "skipped": f"failed (exit {p.returncode}): {p.stderr[-400:]}"}
+        return {"lib": f"opengem {spec}", "skipped": f"failed (exit {p.returncode}): {p.stderr[-400:]}"}
     s = json.loads(p.stdout.strip().splitlines()[-1])
     ev = (s.get("final_eval") or {}).get("all/click", {})
-    return {"lib": f"opengem {model}", "model": f"opengem {model} (run folder {run_dir})",
+    return {"lib": f"opengem {spec}", "model": f"opengem {model} (run folder {run_dir})",
             "train_rows": s["examples"], "train_seconds": s["train_seconds"],
             "examples_per_s": s["examples_per_s"], "test_auc": ev.get("auc"),
             "test_logloss": ev.get("log_loss"), "peak_rss_mib": s["peak_rss_mib"],
@@ -212,7 +216,8 @@ def main() -> int:
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--peers", default=",".join(PEERS), help="comma-separated subset (or '' for none)")
-    ap.add_argument("--opengem", default="dcnv2,gem", help="opengem models to train ('' for none)")
+    ap.add_argument("--opengem", default="dcnv2,gem",
+                    help="opengem models to train, NAME or NAME@bf16 ('' for none)")
     ap.add_argument("--work", type=Path, default=Path("/tmp/opengem-peers"))
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per training")
     ap.add_argument("--repeats", type=int, default=1, help="interleaved rounds; the table gives the median")

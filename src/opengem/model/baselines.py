@@ -50,6 +50,7 @@ from opengem.model.embedding import (
 from opengem.model.flops import linear_flops, mlp_flops
 from opengem.model.heads import HeadConfig, MultiSurfaceHead, mlp
 from opengem.model.output import ModelOutput
+from opengem.ops.cpu_autocast import to_cpu_autocast_dtype
 
 
 @dataclass
@@ -200,7 +201,8 @@ class DCNv2(_Baseline):
         self._make_head(out, head)
 
     def interact(self, batch: Batch, emb: EmbeddedFeatures) -> torch.Tensor:
-        x0 = torch.cat([emb.tokens.flatten(1), *_seq_means(emb)], dim=1)
+        # under CPU autocast: cast x0 once, so the cross layers and the final cat stay in bf16
+        x0 = to_cpu_autocast_dtype(torch.cat([emb.tokens.flatten(1), *_seq_means(emb)], dim=1))
         x = x0
         for layer in self.cross:
             x = layer(x0, x)
@@ -208,7 +210,7 @@ class DCNv2(_Baseline):
             return x
         if self.cfg.structure == "stacked":
             return self.deep(x)
-        return torch.cat([x, self.deep(x0)], dim=1)
+        return torch.cat([x, to_cpu_autocast_dtype(self.deep(x0))], dim=1)
 
     def interact_flops(self, seq_len: int | None) -> int:
         deep = mlp_flops(self._deep_dims) if self.deep is not None else 0
