@@ -170,7 +170,7 @@ def tuning_cfg(*extra: str) -> ExperimentConfig:
 
 
 def test_per_surface_tuning_picks_each_surfaces_own_kd_point_and_epochs():
-    tuned = tune_on_validation(FakeRun(tuning_cfg("tune_per_surface=true")), VAL, ["baseline", "kd"],
+    tuned = tune_on_validation([FakeRun(tuning_cfg("tune_per_surface=true"))], [VAL], ["baseline", "kd"],
                                log=lambda *a: None)
     assert tuned.kd_point == {"feed": [1.0, 1.0], "stories": [2.0, 1.0]}
     assert tuned.epochs == {"kd": {"feed": 2, "stories": 1}, "baseline": {"feed": 1, "stories": 2}}
@@ -187,7 +187,7 @@ def test_per_surface_tuning_picks_each_surfaces_own_kd_point_and_epochs():
 
 def test_shared_tuning_picks_one_point_for_every_surface_on_the_mean():
     run = FakeRun(tuning_cfg())
-    tuned = tune_on_validation(run, VAL, ["baseline", "kd"], log=lambda *a: None)
+    tuned = tune_on_validation([run], [VAL], ["baseline", "kd"], log=lambda *a: None)
     assert tuned.kd_point == {"feed": [2.0, 1.0], "stories": [2.0, 1.0]}
     assert tuned.epochs["kd"] == {"feed": 2, "stories": 2}
     rec = tuned.record()
@@ -201,13 +201,14 @@ def test_shared_tuning_picks_one_point_for_every_surface_on_the_mean():
 @pytest.mark.parametrize("per_surface", [False, True])
 def test_no_choice_reads_the_evaluation_rows(per_surface):
     extra = ["tune_per_surface=true"] if per_surface else []
-    base = tune_on_validation(FakeRun(tuning_cfg(*extra)), VAL, ["baseline", "kd"], log=lambda *a: None)
-    garbage = tune_on_validation(FakeRun(tuning_cfg(*extra), eval_sharp=lambda c: -5.0 * c), VAL,
+    base = tune_on_validation([FakeRun(tuning_cfg(*extra))], [VAL], ["baseline", "kd"], log=lambda *a: None)
+    garbage = tune_on_validation([FakeRun(tuning_cfg(*extra), eval_sharp=lambda c: -5.0 * c)], [VAL],
                                  ["baseline", "kd"], log=lambda *a: None)
     assert garbage.kd_point == base.kd_point and garbage.epochs == base.epochs
     assert garbage.kd_scores == base.kd_scores and garbage.epoch_scores == base.epoch_scores
     # the same rule on the evaluation rows chooses otherwise (so the check above can fail)
-    on_eval = tune_on_validation(FakeRun(tuning_cfg(*extra)), EVAL, ["baseline", "kd"], log=lambda *a: None)
+    on_eval = tune_on_validation([FakeRun(tuning_cfg(*extra))], [EVAL], ["baseline", "kd"],
+                                 log=lambda *a: None)
     assert on_eval.kd_point != base.kd_point or on_eval.epochs != base.epochs
 
 

@@ -8,9 +8,9 @@ evaluated on every later window before training on it:
 
 - baseline: labels only;
 - kd: standard KD on the serving head, tuned over ``kd_grid`` (weight, temperature[, mse weight]) on the
-  first seed's validation windows (``tuning.py``: with ``tune_epochs`` over epochs x grid, and every other
-  arm's epochs over the same set; with ``tune_per_surface`` per VM surface); the tuned point is the
-  reference of R;
+  validation windows of the first ``tune_seeds`` seeds (``tuning.py``: with ``tune_epochs`` over epochs x
+  grid, and every other arm's epochs over the same set; with ``tune_per_surface`` per VM surface); the
+  tuned point is the reference of R;
 - aux_head: tuned KD through the auxiliary head (serving head labels only) with gradient/label scaling;
 - student_adapter: + distil from the Student Adapter refit on each window's labels;
 - fm_embeddings: + FM user/ad embeddings (per-version standardised) as VM features;
@@ -71,9 +71,9 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path, log: Any = print) -> 
             log(f"validation windows {val_windows(runs[0])}: KD tuned and regime calibrated there; "
                 "the arms table reports the windows after them")
         # 1) default lag: tune KD (and, with tune_epochs, every arm's epochs; per surface with
-        # tune_per_surface) on the first seed's validation windows when there are any, then every arm on
-        # every seed with its surface's choices
-        tuned = tune_on_validation(runs[0], val_ids[0], arms, log)
+        # tune_per_surface) on the validation windows of the first tune_seeds seeds when there are any,
+        # then every arm on every seed with its surface's choices
+        tuned = tune_on_validation(runs, val_ids, arms, log)
         acfg = tuned.arm_cfgs(cfg)
         per_seed_all = []
         for i, r in enumerate(runs):
@@ -120,9 +120,11 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path, log: Any = print) -> 
     gen = [g for r in runs for g in r.gen.values()]
     result = {
         "config": asdict(cfg),
-        "kd_tuned": {"per_surface": cfg.tune_per_surface, **tuned.record()},
+        "kd_tuned": {"per_surface": cfg.tune_per_surface, "tune_seeds": cfg.tune_seeds,
+                     "tuned_on_seeds": cfg.seeds[: cfg.tune_seeds], **tuned.record()},
         "epochs_per_window": {
-            "tuned_over": cfg.tune_epochs, "per_surface": cfg.tune_per_surface, "chosen": tuned.epochs,
+            "tuned_over": cfg.tune_epochs, "per_surface": cfg.tune_per_surface,
+            "tuned_on_seeds": cfg.seeds[: cfg.tune_seeds], "chosen": tuned.epochs,
             "validation_ne": tuned.epoch_scores,
             # the first seed's VM optimizer steps per arm and surface: epochs x batches, over its windows
             "steps": {a: {s: per_seed_all[0][s][a].get("steps") for s in per_seed_all[0]} for a in arms},

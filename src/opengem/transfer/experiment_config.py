@@ -111,6 +111,10 @@ class ExperimentConfig:
     # one choice for every surface on the mean over surfaces (round 5: stories' gain then outweighs feed's
     # and sets feed's point)
     tune_per_surface: bool = False
+    # make every tuning choice (KD point, tuned epochs, per surface or shared) on the validation rows of the
+    # first N seeds, scored as the mean over them of each seed's validation NE; 1 = the first seed only (the
+    # original rule). Round 6: one seed's rows cannot tell 36 KD candidates apart, and its choice over-fit it
+    tune_seeds: int = 1
     fm_embeddings: list[str] = field(default_factory=lambda: ["user", "ad"])
     kd: KDConfig = field(default_factory=KDConfig)
     aux: AuxConfig = field(default_factory=AuxConfig)
@@ -172,7 +176,11 @@ class ExperimentConfig:
         if self.tune_epochs and self.arm_epochs:
             raise ConfigError(f"arm_epochs = {self.arm_epochs!r} and tune_epochs = {self.tune_epochs!r}: "
                               "tuning chooses every arm's epochs, so arm_epochs would be ignored; give one")
+        if not positive(self.tune_seeds) or self.tune_seeds > len(self.seeds):
+            raise ConfigError(f"tune_seeds: an integer from 1 to the number of seeds ({len(self.seeds)}), "
+                              f"got {self.tune_seeds!r}")
         tuned = [k for k in ("tune_epochs", "tune_per_surface") if getattr(self, k)]
+        tuned += ["tune_seeds"] if self.tune_seeds > 1 else []
         if tuned and not self.validation_windows:
             raise ConfigError(f"{tuned[0]}: chooses on the validation windows, and validation_windows = 0 "
                               "would make it choose on the reported ones; set validation_windows >= 1")

@@ -7,10 +7,18 @@ so one length for every arm handicaps whichever arm it was not tuned for. Why pe
 surface, and a KD point tuned on the mean over surfaces is set by the surface with the larger gain (round 5:
 stories set the point and feed's KD VM ended below its baseline).
 
+Why pooled over seeds (``tune_seeds``): calibration round 6 measured that one seed's ~4.6-6.8k validation
+rows per surface cannot tell 36 KD candidates apart (the five best within 0.004 NE) and that the point one
+seed chose gave TR 0.47 on that seed and 0.10 / -0.04 on the others. With ``tune_seeds = N`` a candidate's
+score is the mean over the first N seeds of each seed's validation NE -- the pooling the calibration
+table's pooled TR uses (``results.summarize_key``), so the choice optimises the number the band is
+checked on; N = 1 is the original rule.
+
 Equal budget: every arm's epochs are chosen over the same set (``tune_epochs``; the baseline too); KD's
 over that set x ``kd.grid``, and every distilling arm reuses its surface's KD point, so no arm gets more
-tuning than KD. Every choice reads the first seed's validation rows only (``select_rows`` with their
-example ids, applied before anything is scored): the evaluation windows choose nothing.
+tuning than KD. Every choice reads the tuning seeds' validation rows only (``select_rows`` with each
+seed's own validation example ids, applied before anything is scored): the evaluation windows choose
+nothing.
 """
 
 from __future__ import annotations
@@ -71,6 +79,23 @@ def kd_grid_ne(seed_res: dict[str, Any], grid: list[list[float]]) -> list[dict[s
     return [{"point": list(g), **scores(seed_res, lambda r, g=g: r["kd_grid"][tuple(g)])} for g in grid]
 
 
+def pooled(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
+    """One candidate's score over the tuning seeds (each a :func:`scores` dict): the mean over seeds of
+    ``ne`` and of each surface's ``ne_per_surface`` (a seed whose rows cannot score it is left out of the
+    mean; NaN when none can). Several seeds also keep each seed's own scores (``seeds``), so a reader sees
+    whether the seeds agree."""
+    def mean(vals: list[float]) -> float:
+        ok = [v for v in vals if np.isfinite(v)]
+        return float(np.mean(ok)) if ok else float("nan")
+
+    surfaces = list(per_seed[0]["ne_per_surface"])
+    out = {"ne": mean([p["ne"] for p in per_seed]),
+           "ne_per_surface": {s: mean([p["ne_per_surface"][s] for p in per_seed]) for s in surfaces}}
+    if len(per_seed) > 1:
+        out["seeds"] = [{"ne": p["ne"], "ne_per_surface": p["ne_per_surface"]} for p in per_seed]
+    return out
+
+
 def choose(cands: list[dict[str, Any]], surfaces: list[str], per_surface: bool, what: str) -> dict[str, Any]:
     """Per surface, the candidate with the lowest validation NE (its own surface's when ``per_surface``,
     else the mean over surfaces, one winner for all); ties go to fewer epochs, then to the earlier
@@ -88,20 +113,29 @@ def choose(cands: list[dict[str, Any]], surfaces: list[str], per_surface: bool, 
     return {s: best(lambda c, s=s: c["ne_per_surface"].get(s, float("nan"))) for s in surfaces}
 
 
-def tune_on_validation(run: SeedRun, val_ids: np.ndarray, arms: list[str], log: Any = print) -> Tuned:
+def tune_on_validation(runs: list[SeedRun], val_ids: list[np.ndarray], arms: list[str],
+                       log: Any = print) -> Tuned:
     """KD's point (over ``tune_epochs`` x ``kd.grid``, or the grid at KD's configured length) and, with
-    ``tune_epochs``, every other arm's length, on ``run``'s validation rows (all its rows when the config
-    has no validation windows: the original protocol, refused with the tuning options)."""
-    cfg = run.cfg
+    ``tune_epochs``, every other arm's length, on the validation rows of the first ``tune_seeds`` runs
+    (``val_ids[i]``: run i's validation example ids), pooled by :func:`pooled`; all of a run's rows when
+    the config has no validation windows (the original protocol, refused with the tuning options)."""
+    cfg = runs[0].cfg
+    n = cfg.tune_seeds
+    if len(runs) < n or len(val_ids) < n:
+        raise TrainError(f"tune_seeds = {n}: only {min(len(runs), len(val_ids))} seed(s) to tune on")
+    tuning = list(zip(runs[:n], val_ids[:n]))
+    surfaces = runs[0].surfaces
 
-    def rows(res: dict[str, Any]) -> dict[str, Any]:
-        return select_rows(res, val_ids) if cfg.validation_windows else res
+    def rows(res: dict[str, Any], ids: np.ndarray) -> dict[str, Any]:
+        return select_rows(res, ids) if cfg.validation_windows else res
 
     kd_scores = []
     for e in cfg.tune_epochs or [cfg.epochs_for("kd")]:
-        res = rows(run.run_lag(cfg.lag, [], None, kd_grid_epochs=e))
-        kd_scores += [{"epochs": e, **p} for p in kd_grid_ne(res, cfg.kd.grid)]
-    kd = choose(kd_scores, run.surfaces, cfg.tune_per_surface, "kd.grid")
+        per_seed = [kd_grid_ne(rows(r.run_lag(cfg.lag, [], None, kd_grid_epochs=e), ids), cfg.kd.grid)
+                    for r, ids in tuning]
+        kd_scores += [{"epochs": e, "point": list(g), **pooled([ps[i] for ps in per_seed])}
+                      for i, g in enumerate(cfg.kd.grid)]
+    kd = choose(kd_scores, surfaces, cfg.tune_per_surface, "kd.grid")
     points = {s: c["point"] for s, c in kd.items()}
     epochs = {"kd": {s: c["epochs"] for s, c in kd.items()}}
     others = [a for a in arms if a != "kd"]
@@ -109,16 +143,18 @@ def tune_on_validation(run: SeedRun, val_ids: np.ndarray, arms: list[str], log: 
     if cfg.tune_epochs:
         epoch_scores = {a: [] for a in others}
         for e in cfg.tune_epochs:
-            acfgs = {s: arm_configs(cfg, points[s], {a: e for a in others}) for s in run.surfaces}
-            res = rows(run.run_lag(cfg.lag, others, None, kd_results={}, surface_arm_cfgs=acfgs))
+            acfgs = {s: arm_configs(cfg, points[s], {a: e for a in others}) for s in surfaces}
+            res = [rows(r.run_lag(cfg.lag, others, None, kd_results={}, surface_arm_cfgs=acfgs), ids)
+                   for r, ids in tuning]
             for a in others:
-                epoch_scores[a].append({"epochs": e, **scores(res, lambda r, a=a: r[a])})
+                epoch_scores[a].append({"epochs": e, **pooled([scores(x, lambda r, a=a: r[a]) for x in res])})
         for a in others:
-            pick = choose(epoch_scores[a], run.surfaces, cfg.tune_per_surface, f"tune_epochs ({a})")
+            pick = choose(epoch_scores[a], surfaces, cfg.tune_per_surface, f"tune_epochs ({a})")
             epochs[a] = {s: c["epochs"] for s, c in pick.items()}
     else:
-        epochs.update({a: {s: cfg.epochs_for(a) for s in run.surfaces} for a in others})
-    for s in run.surfaces:
-        log(f"tuned on {s}: KD weight={points[s][0]} temperature={points[s][1]}; epochs per window "
+        epochs.update({a: {s: cfg.epochs_for(a) for s in surfaces} for a in others})
+    on = f"seed {cfg.seeds[0]}" if n == 1 else f"seeds {', '.join(str(x) for x in cfg.seeds[:n])} pooled"
+    for s in surfaces:
+        log(f"tuned on {s} ({on}): KD weight={points[s][0]} temperature={points[s][1]}; epochs per window "
             + ", ".join(f"{a} {epochs[a][s]}" for a in epochs))
     return Tuned(points, epochs, kd_scores, epoch_scores)
