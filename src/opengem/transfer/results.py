@@ -54,7 +54,9 @@ def summarize_key(
     n_boot: int = 200,
     rng_seed: int = 0,
 ) -> dict[str, Any]:
-    """per_seed[i][arm] = {"p", "y"} on the same rows (plus arm "fm"); returns per-arm stats for one key."""
+    """per_seed[i][arm] = {"p", "y"} on the same rows (plus arm "fm"); returns per-arm stats for one key.
+    Without the ``kd`` arm (a baseline-only run, e.g. the bigger baseline VMs of a Pareto comparison) R and
+    its CI are None; NE, gain and TR are still measured."""
     ne = {a: np.array([ne_of(s[a]["p"], s[a]["y"]) for s in per_seed]) for a in [*arms, "fm"]}
     mean = {a: float(np.nanmean(v)) for a, v in ne.items()}
     rng = np.random.default_rng(rng_seed)
@@ -65,12 +67,14 @@ def summarize_key(
         for a in [*arms, "fm"]:
             boot[a] += ne_boot(s[a]["p"], s[a]["y"], idx) / len(per_seed)
     out: dict[str, Any] = {"fm": {"ne": mean["fm"]}}
-    g_kd = mean[base] - mean[kd]
+    g_kd = mean[base] - mean[kd] if kd in mean else float("nan")
     g_fm = mean[base] - mean["fm"]
     for a in arms:
         g = mean[base] - mean[a]
-        rb = (boot[base] - boot[a]) / np.where(boot[base] - boot[kd] == 0, np.nan, boot[base] - boot[kd])
-        rb = rb[np.isfinite(rb)]
+        rb = np.zeros(0)
+        if kd in boot:
+            rb = (boot[base] - boot[a]) / np.where(boot[base] - boot[kd] == 0, np.nan, boot[base] - boot[kd])
+            rb = rb[np.isfinite(rb)]
         tb = (boot[base] - boot[a]) / np.where(boot[base] == boot["fm"], np.nan, boot[base] - boot["fm"])
         tb = tb[np.isfinite(tb)]
         out[a] = {

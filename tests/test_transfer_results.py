@@ -1,0 +1,35 @@
+"""summarize_key without the KD arm: a baseline-only experiment (the bigger baseline VMs a Pareto comparison
+needs, ``arms = ["baseline"]``, which the config allows) gets its NE, gain and TR, and no R (R is relative
+to KD). It used to end every such run, after all its training, in a KeyError."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from opengem.transfer.results import summarize_key
+
+
+def _seed(rng: np.random.Generator, arms: list[str]) -> dict[str, dict[str, np.ndarray]]:
+    y = (rng.random(400) < 0.3).astype(np.float32)
+    out = {}
+    for i, a in enumerate([*arms, "fm"]):
+        p = np.clip(0.3 + 0.25 * (y - 0.3) * (i + 1) / 3 + rng.normal(0, 0.05, 400), 0.01, 0.99)
+        out[a] = {"p": p.astype(np.float32), "y": y}
+    return out
+
+
+def test_summarize_key_without_kd_reports_ne_and_tr_but_no_r():
+    rng = np.random.default_rng(0)
+    data = [_seed(rng, ["baseline"]) for _ in range(3)]
+    out = summarize_key(data, ["baseline"], "baseline", "kd", n_boot=20)
+    b = out["baseline"]
+    assert np.isfinite(b["ne"]) and b["ne_gain"] == 0 and b["tr"] == 0
+    assert b["r"] is None and b["r_ci"] is None
+    assert out["fm"]["ne"] < b["ne"]  # the teacher is better here, so TR is defined
+
+
+def test_summarize_key_with_kd_still_gives_r():
+    rng = np.random.default_rng(1)
+    data = [_seed(rng, ["baseline", "kd"]) for _ in range(3)]
+    out = summarize_key(data, ["baseline", "kd"], "baseline", "kd", n_boot=20)
+    assert out["kd"]["r"] == 1.0 and out["kd"]["r_ci"] is not None
