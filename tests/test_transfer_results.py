@@ -5,7 +5,10 @@ to KD). It used to end every such run, after all its training, in a KeyError."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
+from opengem.transfer.experiment import run_experiment
+from opengem.transfer.experiment_config import load_experiment_config
 from opengem.transfer.results import summarize_key
 
 
@@ -33,3 +36,14 @@ def test_summarize_key_with_kd_still_gives_r():
     data = [_seed(rng, ["baseline", "kd"]) for _ in range(3)]
     out = summarize_key(data, ["baseline", "kd"], "baseline", "kd", n_boot=20)
     assert out["kd"]["r"] == 1.0 and out["kd"]["r_ci"] is not None
+
+
+@pytest.mark.slow
+def test_baseline_only_experiment_runs_to_its_table(tmp_path):
+    """The whole pipeline with ``arms = ["baseline"]`` and a validation window (about 25 s): it used to end
+    in a KeyError after all its training (the calibration table and summarize_key needed the KD arm)."""
+    cfg = load_experiment_config("configs/transfer-tiny.toml",
+                                 ['arms=["baseline"]', "validation_windows=1", "data.sim.days=4"])
+    res = run_experiment(cfg, tmp_path / "base", log=lambda *a: None)
+    m = res["arms"]["baseline"]["feed/click"]
+    assert np.isfinite(m["ne"]) and m["r"] is None and res["calibration"] == {}

@@ -82,8 +82,10 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path, log: Any = print) -> 
             log(f"seed {cfg.seeds[i]}: arms done ({time.perf_counter() - t0:.0f}s)")
         per_seed = reported_rows(per_seed_all, val_ids, cfg)
         main = aggregate(per_seed, arms, cfg)
+        # tuned KD's TR on the validation windows (a baseline-only run, e.g. a bigger VM for the Pareto
+        # comparison, has no KD arm and nothing to calibrate)
         calib = (calibration_table([select_rows(res, v) for res, v in zip(per_seed_all, val_ids)], cfg)
-                 if cfg.validation_windows else {})
+                 if cfg.validation_windows and "kd" in arms else {})
         regime = regime_facts(runs[0], cfg, per_seed[0])
         # 2) staleness sweep: the sweep arms at every lag (the baseline is lag-free: reuse it)
         sweep: dict[str, Any] = {}
