@@ -4,6 +4,7 @@
                   [--max-candidates 1024] [--max-batch-candidates 8192] [--max-wait-us 500]
                   [--config serve.toml] [--canary requests.json] [--poll-s 2] [--no-hot-swap]
                   [--cpus LIST] [--no-gc-freeze] [--http auto|httptools|h11] [--loop auto|uvloop|asyncio]
+                  [--aoti-chunk-rows 0]
 
 ``--model`` is an export folder (``opengem export``) or a run folder. A run folder that has published
 versions (``opengem train --online`` writes ``RUN/versions/vNNNN``) is served from its newest version
