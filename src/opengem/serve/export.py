@@ -109,7 +109,12 @@ def flat_tensors(batch: Batch, schema: FeatureSchema) -> list[torch.Tensor]:
     Why: ``AOTICompiledModel.__call__`` flattens its arguments with pytree on every call, ~0.1 ms of
     Python per forward pass of a served request; the Predictor hands this list to the package's loader
     directly (a test pins it equal to pytree's leaves)."""
-    dense, surface, sparse, sequences = flat_inputs(batch, schema)
+    return _flatten(flat_inputs(batch, schema))
+
+
+def _flatten(inputs: FlatInputs) -> list[torch.Tensor]:
+    """The one definition of the flat order (:func:`flat_tensors`, :func:`flat_tensor_chunks`)."""
+    dense, surface, sparse, sequences = inputs
     out = [dense, surface]
     for values, lengths in sparse.values():
         out.append(values)
@@ -130,10 +135,11 @@ def flat_tensor_chunks(batch: Batch, schema: FeatureSchema, rows: int) -> list[l
     measured on the vertical model of configs/transfer.toml, whose intermediates then stop fitting in the
     core's cache), so the Predictor can run a large merged batch in slices (``aoti_chunk_rows``). Jagged
     values are sliced by their rows' offsets, so each slice is exactly the batch those rows make alone."""
-    dense, surface, sparse, sequences = flat_inputs(batch, schema)
+    inputs = flat_inputs(batch, schema)
+    dense, surface, sparse, sequences = inputs
     B = int(surface.shape[0])
     if rows <= 0 or B <= rows:
-        return [flat_tensors(batch, schema)]
+        return [_flatten(inputs)]
     bounds = list(range(0, B, rows)) + [B]
 
     def cuts(lengths: torch.Tensor) -> list[int]:
@@ -145,16 +151,12 @@ def flat_tensor_chunks(batch: Batch, schema: FeatureSchema, rows: int) -> list[l
     seq_cuts = {g: cuts(n) for g, (n, _, _) in sequences.items()}
     chunks = []
     for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
-        out = [dense[a:b], surface[a:b]]
-        for k, (values, lengths) in sparse.items():
-            c = sparse_cuts[k]
-            out += [values[c[i]:c[i + 1]], lengths[a:b]]
-        for g, (lengths, ids, dn) in sequences.items():
-            c = seq_cuts[g]
-            out.append(lengths[a:b])
-            out += [v[c[i]:c[i + 1]] for v in ids.values()]
-            out += [v[c[i]:c[i + 1]] for v in dn.values()]
-        chunks.append(out)
+        sp = {k: (v[sparse_cuts[k][i]:sparse_cuts[k][i + 1]], n[a:b]) for k, (v, n) in sparse.items()}
+        sq = {}
+        for g, (n, ids, dn) in sequences.items():
+            lo, hi = seq_cuts[g][i], seq_cuts[g][i + 1]
+            sq[g] = (n[a:b], {f: v[lo:hi] for f, v in ids.items()}, {f: v[lo:hi] for f, v in dn.items()})
+        chunks.append(_flatten((dense[a:b], surface[a:b], sp, sq)))
     return chunks
 
 

@@ -35,7 +35,6 @@ from opengem.serve.export import (
     export_program,
     flat_inputs,
     flat_tensor_chunks,
-    flat_tensors,
     load_run,
     make_artifact,
     model_from_artifact,
@@ -173,9 +172,8 @@ def _aoti_runner(package: Any, schema: FeatureSchema, chunk_rows: int = 0) -> Ca
         return pytree.tree_unflatten(loader.boxed_run(flat), out_spec)
 
     def forward(b: Batch) -> torch.Tensor:
-        if chunk_rows <= 0 or b.surface.shape[0] <= chunk_rows:
-            return run(flat_tensors(b, schema))
-        return torch.cat([run(flat) for flat in flat_tensor_chunks(b, schema, chunk_rows)])
+        flats = flat_tensor_chunks(b, schema, chunk_rows)
+        return run(flats[0]) if len(flats) == 1 else torch.cat([run(flat) for flat in flats])
 
     return forward
 

@@ -104,8 +104,9 @@ class ExperimentConfig:
     # length differs by arm (the labels-only baseline memorises past 1 epoch; KD's soft labels regularise,
     # so it wants 2-4), and one length for every arm handicaps whichever arm it was not tuned for
     arm_epochs: dict[str, int] = field(default_factory=dict)
-    # tune every arm's epochs per window over this set on the validation windows (first seed; the baseline
-    # too, the same set for every arm; KD over set x kd.grid); [] = no tuning (arm_epochs / epochs_per_window)
+    # tune every arm's epochs per window over this set on the validation windows (of the first tune_seeds
+    # seeds; the baseline too, the same set for every arm; KD over set x kd.grid); [] = no tuning
+    # (arm_epochs / epochs_per_window)
     tune_epochs: list[int] = field(default_factory=list)
     # choose KD's point (and the tuned epochs) per VM surface on that surface's own validation rows; false =
     # one choice for every surface on the mean over surfaces (round 5: stories' gain then outweighs feed's
