@@ -67,3 +67,41 @@ def test_transfer_config_keeps_the_train_keys_vms_do_read():
 
     cfg = load_experiment_config("configs/transfer-tiny.toml", ["train.precision=\"bf16\"", "train.lr=0.01"])
     assert cfg.train.precision == "bf16" and cfg.train.lr == 0.01
+
+
+def _fm_sharing_student(vm_data, budget: int, share_encoder: bool):
+    """SeedRun.student's budget check on a VM whose arm runs the FM's sequence encoder at serving time."""
+    from types import SimpleNamespace
+
+    from opengem.model.registry import build_model
+    from opengem.transfer.experiment_config import ExperimentConfig
+    from opengem.transfer.seed_run import SeedRun
+
+    schema, data = vm_data
+    fm_cfg = ModelConfig(name="gem")
+    fm_cfg.embedding.d = 8
+    fm_cfg.gem.sequence.kind = "full"
+    fm_cfg.gem.sequence.full_layers = 1
+    fm = build_model(Dataset(data.parent / "sim").schema, fm_cfg)
+    cfg = ExperimentConfig()
+    cfg.vm.model = ModelConfig(name="dlrm")
+    cfg.vm.model.embedding.d = 8
+    cfg.vm.flops_budget = budget
+    cfg.train.threads = 1
+    fake = SimpleNamespace(cfg=cfg, seed=0, device=torch.device("cpu"), pg=None)
+    arm = ArmConfig("param_sharing", share="lowlr", share_sequence_encoder=share_encoder)
+    st = SeedRun.student(fake, arm, schema, data, fm=fm)
+    st.close()
+    return st
+
+
+def test_the_serving_budget_bounds_the_vms_own_model_not_the_fm_blocks_an_arm_shares(vm_data):
+    """Parameter sharing runs the FM's sequence encoder at serving time on purpose: the experiment reports it
+    as added compute (no R, on the Pareto plot) instead of refusing it, while the VM itself must fit."""
+    from opengem.config import ConfigError
+
+    own = _fm_sharing_student(vm_data, 0, share_encoder=False).own_flops
+    st = _fm_sharing_student(vm_data, own, share_encoder=True)
+    assert st.own_flops == own < st.serving_flops
+    with pytest.raises(ConfigError, match="arm 'param_sharing' needs"):
+        _fm_sharing_student(vm_data, own - 1, share_encoder=True)

@@ -135,7 +135,9 @@ class ProgressiveStudent:
         torch.manual_seed(train_cfg.seed)
         plain = VerticalModel(schema, model_cfg, aux_head=arm.aux_head, aux_grad_scale=arm.aux_grad_scale)
         self.plain = plain
-        self.serving_flops = plain.flops_per_example()
+        # the VM's own model, what vm.flops_budget bounds; serving_flops adds the FM blocks an arm runs at
+        # serving time (shared sequence encoder), which are reported as added compute, not budgeted
+        self.own_flops = self.serving_flops = plain.flops_per_example()
         self.shared: dict[str, int] = {}
         if arm.share != "none":
             if fm_model is None:
