@@ -200,3 +200,24 @@ def test_transfer_cli_tunes_on_two_seeds_pooled_and_records_it(tmp_path):
             assert len(c["seeds"]) == 2
             per_seed = [x["ne_per_surface"][s] for x in c["seeds"]]
             assert c["ne_per_surface"][s] == pytest.approx(np.mean(per_seed))
+
+
+def test_a_labels_only_experiment_trains_no_kd_grid_and_records_no_kd_point():
+    """The bigger baselines of a Pareto plot (arms = ["baseline"]) used to train every KD grid point at
+    every tuned length (12 x 3 VMs per surface and seed) for a point no arm reads."""
+    cfg = cfg_with("tune_seeds=3", "tune_per_surface=true", 'arms=["baseline"]')
+    runs = [SeedFake(cfg, s) for s in cfg.seeds]
+    grid_calls = []
+    for r in runs:
+        plain = r.run_lag
+
+        def spy(lag, arms, arm_cfgs, kd_results=None, _plain=plain, **kw):
+            grid_calls.append(kd_results is None)
+            return _plain(lag, arms, arm_cfgs, kd_results=kd_results, **kw)
+
+        r.run_lag = spy
+    ids = [r.val for r in runs]
+    tuned = tune_on_validation(runs, ids, ["baseline"], quiet)
+    assert grid_calls and not any(grid_calls)
+    assert tuned.epochs["baseline"] == {"feed": 2, "stories": 2}  # seeds 101-102 outweigh 100, as pooled
+    assert tuned.record()["grid_ne"] == [] and tuned.record()["weight"] is None

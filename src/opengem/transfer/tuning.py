@@ -55,6 +55,8 @@ class Tuned:
     def record(self) -> dict[str, Any]:
         """``transfer.json -> kd_tuned``: the shared point's weight/temperature/epochs (None when surfaces
         differ), each surface's, and every candidate's validation NE."""
+        if not self.kd_scores:  # no arm distils: no KD point was tuned
+            return {"weight": None, "temperature": None, "epochs": None, "surfaces": {}, "grid_ne": []}
         per = {s: {"weight": p[0], "temperature": p[1], "epochs": self.epochs["kd"][s], "point": p}
                for s, p in self.kd_point.items()}
         first = next(iter(per.values()))
@@ -130,14 +132,19 @@ def tune_on_validation(runs: list[SeedRun], val_ids: list[np.ndarray], arms: lis
         return select_rows(res, ids) if cfg.validation_windows else res
 
     kd_scores = []
-    for e in cfg.tune_epochs or [cfg.epochs_for("kd")]:
-        per_seed = [kd_grid_ne(rows(r.run_lag(cfg.lag, [], None, kd_grid_epochs=e), ids), cfg.kd.grid)
-                    for r, ids in tuning]
-        kd_scores += [{"epochs": e, "point": list(g), **pooled([ps[i] for ps in per_seed])}
-                      for i, g in enumerate(cfg.kd.grid)]
-    kd = choose(kd_scores, surfaces, cfg.tune_per_surface, "kd.grid")
-    points = {s: c["point"] for s, c in kd.items()}
-    epochs = {"kd": {s: c["epochs"] for s, c in kd.items()}}
+    distils = any(a != "baseline" for a in arms)
+    if distils:
+        for e in cfg.tune_epochs or [cfg.epochs_for("kd")]:
+            per_seed = [kd_grid_ne(rows(r.run_lag(cfg.lag, [], None, kd_grid_epochs=e), ids), cfg.kd.grid)
+                        for r, ids in tuning]
+            kd_scores += [{"epochs": e, "point": list(g), **pooled([ps[i] for ps in per_seed])}
+                          for i, g in enumerate(cfg.kd.grid)]
+        kd = choose(kd_scores, surfaces, cfg.tune_per_surface, "kd.grid")
+        points = {s: c["point"] for s, c in kd.items()}
+        epochs = {"kd": {s: c["epochs"] for s, c in kd.items()}}
+    else:  # labels only (e.g. the bigger baselines of a Pareto plot): no arm reads a KD point, train no grid
+        points = {s: list(cfg.kd.grid[0]) for s in surfaces}
+        epochs = {"kd": {s: cfg.epochs_for("kd") for s in surfaces}}
     others = [a for a in arms if a != "kd"]
     epoch_scores: dict[str, list[dict[str, Any]]] = {}
     if cfg.tune_epochs:
@@ -155,6 +162,7 @@ def tune_on_validation(runs: list[SeedRun], val_ids: list[np.ndarray], arms: lis
         epochs.update({a: {s: cfg.epochs_for(a) for s in surfaces} for a in others})
     on = f"seed {cfg.seeds[0]}" if n == 1 else f"seeds {', '.join(str(x) for x in cfg.seeds[:n])} pooled"
     for s in surfaces:
-        log(f"tuned on {s} ({on}): KD weight={points[s][0]} temperature={points[s][1]}; epochs per window "
-            + ", ".join(f"{a} {epochs[a][s]}" for a in epochs))
+        kd_text = f"KD weight={points[s][0]} temperature={points[s][1]}" if distils else "no arm distils"
+        log(f"tuned on {s} ({on}): {kd_text}; epochs per window "
+            + ", ".join(f"{a} {epochs[a][s]}" for a in epochs if distils or a != "kd"))
     return Tuned(points, epochs, kd_scores, epoch_scores)
