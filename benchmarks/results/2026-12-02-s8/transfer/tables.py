@@ -49,21 +49,32 @@ lines += [
 for d in runs:
     arms = d["arms"]
     for key in sorted(next(iter(arms.values()))):
+        kd_ci = arms["kd"][key].get("tr_ci")
+        kd_resolved = bool(kd_ci) and kd_ci[0] > 0  # R divides by KD's gain: undefined when it may be <= 0
         for a, per_key in arms.items():
             m = per_key[key]
             eq = m["serving_flops_ratio"] is not None and m["serving_flops_ratio"] <= 1.1
-            r = (
-                f"**{m['r']:.2f}** {ci(m.get('r_ci'))}"
-                if a not in ("baseline", "kd") and eq and m.get("r") is not None
-                else ("1" if a == "kd" else ("adds serving compute" if not eq else "-"))
-            )
+            if a == "kd":
+                r = "1"
+            elif not eq:
+                r = "adds serving compute"
+            elif a == "baseline" or m.get("r") is None:
+                r = "-"
+            elif not kd_resolved:
+                r = f"undefined (KD's gain CI includes 0; {m['r']:.2f} {ci(m.get('r_ci'))})"
+            else:
+                r = f"**{m['r']:.2f}** {ci(m.get('r_ci'))}"
             seeds = ", ".join(f"{x:.4f}" for x in m["ne_seeds"])
             lines.append(
                 f"| {key} | {LABEL.get(a, a)} | {f(m['ne'])} | {seeds} | {100 * m['ne_gain']:.2f} | "
                 f"{f(m['tr'], 2)} {ci(m.get('tr_ci'))} | {r} | {m['serving_flops']:,.0f} | "
                 f"{m['serving_flops_ratio']:.2f} |"
             )
-lines += ["", "## Staleness sweep: TR per arm and lag (FM versions behind the freshest allowed one)", ""]
+lines += [
+    "",
+    "## Staleness sweep: TR (and the arm's NE) per arm and lag (FM versions behind the freshest allowed one)",
+    "",
+]
 lags = sorted(runs[0]["staleness"], key=int)
 lines += [
     "| surface/task | arm | " + " | ".join(f"lag {g}" for g in lags) + " |",
@@ -74,7 +85,9 @@ for d in runs:
     for a in sw[lags[0]]:
         for key in sorted(sw[lags[0]][a]):
             lines.append(
-                f"| {key} | {LABEL.get(a, a)} | " + " | ".join(f(sw[g][a][key]["tr"], 2) for g in lags) + " |"
+                f"| {key} | {LABEL.get(a, a)} | "
+                + " | ".join(f"{f(sw[g][a][key]['tr'], 2)} ({f(sw[g][a][key]['ne'])})" for g in lags)
+                + " |"
             )
 lines += ["", "## Tuned choices (validation windows, pooled over the first tune_seeds seeds)", ""]
 for d in runs:
