@@ -20,10 +20,29 @@ for arms_run in arms_runs:
     for arm, per_key in json.load(open(arms_run))["arms"].items():
         for key, m in per_key.items():
             points.setdefault(key, []).append((arm, m["serving_flops"], m["ne"], m["ne_seeds"]))
-curve: dict[str, list[tuple[float, float, list[float]]]] = {}
+
+
+def val_ne(run: dict, surface: str) -> float:
+    """The baseline's validation NE on a surface at its tuned length (the epochs choice's own score)."""
+    return min(c["ne_per_surface"][surface] for c in run["epochs_per_window"]["validation_ne"]["baseline"])
+
+
+# bigger baselines: runs of one size at several learning rates are grouped by serving FLOPs, and per surface
+# the rate with the lowest validation NE is kept (the evaluation windows choose nothing)
+by_size: dict[float, list[dict]] = {}
 for f in bigs:
-    for key, m in json.load(open(f))["arms"]["baseline"].items():
+    run = json.load(open(f))
+    fl = next(iter(run["arms"]["baseline"].values()))["serving_flops"]
+    by_size.setdefault(fl, []).append(run)
+curve: dict[str, list[tuple[float, float, list[float]]]] = {}
+chosen_lr: dict[tuple[str, float], float] = {}
+for fl, group in by_size.items():
+    for key in group[0]["arms"]["baseline"]:
+        surface = key.split("/")[0]
+        best = min(group, key=lambda r, s=surface: val_ne(r, s))
+        m = best["arms"]["baseline"][key]
         curve.setdefault(key, []).append((m["serving_flops"], m["ne"], m["ne_seeds"]))
+        chosen_lr[(key, fl)] = best["config"]["train"]["lr"]
 lines = [
     "| surface/task | model | serving FLOPs/example | NE (mean of seeds) | NE per seed |",
     "|---|---|---|---|---|",
@@ -47,9 +66,9 @@ for ax, key in zip(axes.flat, keys):
     ax.set_title(key)
     ax.legend(fontsize=8)
     for fl, ne, seeds in sizes:
-        lines.append(
-            f"| {key} | baseline {fl:,.0f} | {fl:,.0f} | {ne:.4f} | {', '.join(f'{x:.4f}' for x in seeds)} |"
-        )
+        lr = chosen_lr.get((key, fl))
+        name = f"baseline {fl:,.0f}" + (f" (lr {lr:g}, chosen on validation)" if lr is not None else "")
+        lines.append(f"| {key} | {name} | {fl:,.0f} | {ne:.4f} | {', '.join(f'{x:.4f}' for x in seeds)} |")
     for arm, fl, ne, seeds in arm_pts:
         if arm != "baseline":
             lines.append(f"| {key} | {arm} | {fl:,.0f} | {ne:.4f} | {', '.join(f'{x:.4f}' for x in seeds)} |")
