@@ -217,7 +217,7 @@ def regime_facts(run: SeedRun, cfg: ExperimentConfig, seed_res: dict[str, Any]) 
         for w in run.eval_windows[cfg.validation_windows:]:
             v = version_for_window(idx[w], cfg.publish_every, cfg.lag)
             fm_rows = int(sum(rows[p].sum() for p in run.parts[:v]))
-            vm_rows = int(sum(rows[p][s] for p in run.parts[run.vm_start: idx[w]]))
+            vm_rows = int(sum(rows[p][s] for p in run.parts[idx[run.windows[0]]: idx[w]]))
             per_w.append({"window": w, "fm_version": v, "fm_rows": fm_rows, "vm_rows": vm_rows,
                           "fm_over_vm_rows": fm_rows / max(vm_rows, 1)})
         vm_flops = int(r["baseline"]["serving_flops"])

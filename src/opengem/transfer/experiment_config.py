@@ -87,6 +87,10 @@ class ExperimentConfig:
     # the VM's first window: it trains on its own surface from here on (its "recent window"), while every
     # FM version trains on all surfaces from window 0; raised to publish_every * (1 + largest lag) if lower
     vm_first_window: int = 0
+    # windows before vm_first_window the VM also trains on (its own surface's rows; never evaluated): a
+    # low-traffic surface's model is trained on a longer stretch of its recent log than a busy one's to see
+    # enough rows (the final seeds measured KD data-bound at 1.4-1.9k VM rows a day, docs/TRANSFER.md)
+    vm_history_windows: int = 0
     # the first N evaluation windows are validation: KD is tuned there and the regime is calibrated there
     # (``calibration`` in transfer.json); the arms table reports only the windows after them (0 = tune
     # and report on the same windows, the original protocol)
@@ -144,7 +148,7 @@ class ExperimentConfig:
             raise ConfigError("kd.grid: a list of [weight, temperature] or [weight, temperature, mse]")
         if self.lag < 0 or any(s < 0 for s in self.staleness):
             raise ConfigError("lag / staleness: must be >= 0")
-        for key in ("publish_every", "vm_first_window", "validation_windows"):
+        for key in ("publish_every", "vm_first_window", "vm_history_windows", "validation_windows"):
             low = 1 if key == "publish_every" else 0
             if not isinstance(getattr(self, key), int) or getattr(self, key) < low:
                 raise ConfigError(f"{key}: an integer >= {low}, got {getattr(self, key)!r}")

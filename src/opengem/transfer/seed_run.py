@@ -27,6 +27,7 @@ from opengem.transfer.windows import (
     train_published_versions,
     version_for_window,
     vm_start_window,
+    vm_train_windows,
     window_len,
 )
 
@@ -47,7 +48,7 @@ class SeedRun:
         lags = sorted({cfg.lag, *cfg.staleness})
         self.lags = lags
         self.vm_start = vm_start_window(cfg, lags, len(self.parts), str(self.data))
-        self.windows = self.parts[self.vm_start :]
+        self.windows = vm_train_windows(cfg, lags, self.parts, self.vm_start)
         self.eval_windows = self.parts[self.vm_start + 1 :]
         fm_cfg = copy.deepcopy(cfg.fm)
         fm_cfg.train.seed = seed

@@ -1,0 +1,71 @@
+"""vm_history_windows: a VM also trains on windows before vm_first_window (a low-traffic surface's longer
+recent log), never evaluated there; the FM must have a version for each of them at every lag."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from opengem.config import ConfigError
+from opengem.transfer.experiment_config import ExperimentConfig, load_experiment_config
+from opengem.transfer.seed_run import SeedRun
+from opengem.transfer.vm_train import ArmConfig
+from opengem.transfer.windows import vm_start_window, vm_train_windows
+
+PARTS = [f"day={i:03d}" for i in range(16)]
+
+
+def _cfg(**kw: int) -> ExperimentConfig:
+    cfg = ExperimentConfig()
+    cfg.publish_every, cfg.vm_first_window, cfg.validation_windows = 1, 12, 2
+    for k, v in kw.items():
+        setattr(cfg, k, v)
+    return cfg
+
+
+@pytest.mark.parametrize("history", [0, 3, 10])
+def test_the_vm_trains_from_history_windows_before_its_start(history):
+    cfg = _cfg(vm_history_windows=history)
+    start = vm_start_window(cfg, [1], len(PARTS))
+    assert vm_train_windows(cfg, [1], PARTS, start) == PARTS[12 - history:]
+
+
+def test_a_history_window_without_an_fm_version_at_every_lag_is_refused():
+    cfg = _cfg(vm_history_windows=11)  # window 1: no version at lag 1 (the first is trained through window 0)
+    want = r"vm_history_windows = 11: the VM would train from window 1, before window 2"
+    with pytest.raises(ConfigError, match=want):
+        vm_train_windows(cfg, [1], PARTS, 12)
+    cfg = _cfg(vm_history_windows=4)
+    with pytest.raises(ConfigError, match="lag 8"):
+        vm_train_windows(cfg, [1, 8], PARTS, 12)
+
+
+def test_history_windows_are_trained_on_and_never_predicted():
+    seen: list[tuple[str, str]] = []
+
+    class Student:
+        steps, serving_flops, shared, ds = 0, 100, {}, None
+
+        def predict(self, w):
+            seen.append(("predict", w))
+            n = 2
+            return {"example_id": np.arange(n), "surface": np.zeros(n, np.int32),
+                    "logits": np.zeros((n, 1)), "labels": np.zeros((n, 1)), "mask": np.ones((n, 1), bool)}
+
+        def train_window(self, w, teacher):
+            seen.append(("train", w))
+
+    cfg = _cfg(vm_history_windows=3)
+    fake = SimpleNamespace(cfg=cfg, windows=vm_train_windows(cfg, [1], PARTS, 12), eval_windows=PARTS[13:],
+                           student=lambda *a, **k: Student())
+    SeedRun.run_arm(fake, ArmConfig("baseline"), None, None, SimpleNamespace(adapter=None), 0)
+    assert [w for op, w in seen if op == "train"] == PARTS[9:15]  # 9-11 history, then 12-14
+    assert [w for op, w in seen if op == "predict"] == PARTS[13:]
+
+
+@pytest.mark.parametrize("bad", ["-1", "1.5"])
+def test_bad_vm_history_windows_is_a_config_error(bad):
+    with pytest.raises(ConfigError, match="vm_history_windows"):
+        load_experiment_config("configs/transfer-tiny.toml", [f"vm_history_windows={bad}"]).validate()
