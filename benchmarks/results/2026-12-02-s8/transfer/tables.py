@@ -76,19 +76,20 @@ lines += [
     "",
 ]
 lags = sorted(runs[0]["staleness"], key=int)
-lines += [
-    "| surface/task | arm | " + " | ".join(f"lag {g}" for g in lags) + " |",
-    "|---|---|" + "---|" * len(lags),
-]
-for d in runs:
-    sw = d["staleness"]
-    for a in sw[lags[0]]:
-        for key in sorted(sw[lags[0]][a]):
-            lines.append(
-                f"| {key} | {LABEL.get(a, a)} | "
-                + " | ".join(f"{f(sw[g][a][key]['tr'], 2)} ({f(sw[g][a][key]['ne'])})" for g in lags)
-                + " |"
-            )
+if lags:
+    lines += [
+        "| surface/task | arm | " + " | ".join(f"lag {g}" for g in lags) + " |",
+        "|---|---|" + "---|" * len(lags),
+    ]
+    for d in runs:
+        sw = d["staleness"]
+        for a in sw[lags[0]]:
+            for key in sorted(sw[lags[0]][a]):
+                lines.append(
+                    f"| {key} | {LABEL.get(a, a)} | "
+                    + " | ".join(f"{f(sw[g][a][key]['tr'], 2)} ({f(sw[g][a][key]['ne'])})" for g in lags)
+                    + " |"
+                )
 lines += ["", "## Tuned choices (validation windows, pooled over the first tune_seeds seeds)", ""]
 for d in runs:
     t = d["kd_tuned"]
