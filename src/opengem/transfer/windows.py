@@ -90,12 +90,17 @@ def version_for_window(window: int, every: int, lag: int) -> int:
     return max((window // every - lag) * every, 0)
 
 
+def first_window_with_versions(cfg: ExperimentConfig, lags: list[int]) -> int:
+    """The first window whose examples have an FM version at every lag."""
+    return cfg.publish_every * (1 + max(lags))
+
+
 def vm_train_windows(cfg: ExperimentConfig, lags: list[int], parts: list[str], vm_start: int) -> list[str]:
     """The windows a VM trains on, in order: ``vm_history_windows`` before ``vm_start`` (trained on, never
     evaluated) and ``vm_start`` onwards. Every one of them needs an FM version at every lag (its soft labels),
     so the first may not come before ``publish_every * (1 + largest lag)``."""
     first = vm_start - cfg.vm_history_windows
-    earliest = cfg.publish_every * (1 + max(lags))
+    earliest = first_window_with_versions(cfg, lags)
     if first < earliest:
         raise ConfigError(
             f"vm_history_windows = {cfg.vm_history_windows}: the VM would train from window {first}, before "
@@ -108,7 +113,7 @@ def vm_train_windows(cfg: ExperimentConfig, lags: list[int], parts: list[str], v
 def vm_start_window(cfg: ExperimentConfig, lags: list[int], n_windows: int, where: str = "") -> int:
     """The VM's first window: the configured one, but never before every lag has a version to use, and
     leaving the validation windows plus at least one evaluation window after it."""
-    start = max(cfg.publish_every * (1 + max(lags)), cfg.vm_first_window)
+    start = max(first_window_with_versions(cfg, lags), cfg.vm_first_window)
     need = start + 2 + cfg.validation_windows
     if need > n_windows:
         raise ConfigError(
