@@ -9,7 +9,7 @@ import pytest
 
 from opengem.transfer.experiment import run_experiment
 from opengem.transfer.experiment_config import load_experiment_config
-from opengem.transfer.results import summarize_key
+from opengem.transfer.results import KD_GAIN_UNRESOLVED, arms_table, summarize_key
 
 
 def _seed(rng: np.random.Generator, arms: list[str]) -> dict[str, dict[str, np.ndarray]]:
@@ -47,3 +47,29 @@ def test_baseline_only_experiment_runs_to_its_table(tmp_path):
     res = run_experiment(cfg, tmp_path / "base", log=lambda *a: None)
     m = res["arms"]["baseline"]["feed/click"]
     assert np.isfinite(m["ne"]) and m["r"] is None and res["calibration"] == {}
+
+
+def test_r_is_withheld_where_kd_gain_ci_includes_zero():
+    """KD that predicts what the baseline predicts (up to noise) leaves R's denominator unresolved: the
+    session-8 final seeds printed R = -269 [-1698, 1977] for such a surface. R and its CI are withheld with
+    the reason; TR is still measured."""
+    rng = np.random.default_rng(2)
+    data = []
+    for _ in range(3):
+        s = _seed(rng, ["baseline", "x", "arm"])
+        s["kd"] = {"p": np.clip(s["baseline"]["p"] + rng.normal(0, 1e-3, 400), 0.01, 0.99).astype(np.float32),
+                   "y": s["baseline"]["y"]}
+        data.append(s)
+    out = summarize_key(data, ["baseline", "kd", "arm"], "baseline", "kd", n_boot=50)
+    for a in ("kd", "arm"):
+        assert out[a]["r"] is None and out[a]["r_ci"] is None
+        assert out[a]["r_withheld"] == KD_GAIN_UNRESOLVED
+    assert out["arm"]["tr"] > 0.5
+    assert "undefined" in arms_table({"arms": {"arm": {"feed/click": out["arm"]}}}, ["arm"])
+
+
+def test_r_is_kept_where_kd_gain_is_resolved():
+    rng = np.random.default_rng(3)
+    data = [_seed(rng, ["baseline", "kd", "arm"]) for _ in range(3)]
+    out = summarize_key(data, ["baseline", "kd", "arm"], "baseline", "kd", n_boot=50)
+    assert "r_withheld" not in out["arm"] and out["arm"]["r"] > 1 and out["arm"]["r_ci"] is not None

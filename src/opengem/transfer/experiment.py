@@ -131,7 +131,8 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path, log: Any = print) -> 
             # the first seed's VM optimizer steps per arm and surface: epochs x batches, over its windows
             "steps": {a: {s: per_seed_all[0][s][a].get("steps") for s in per_seed_all[0]} for a in arms},
         },
-        "windows": {"vm": runs[0].windows, "eval": runs[0].eval_windows[cfg.validation_windows:],
+        "windows": {"vm": runs[0].windows, "vm_per_surface": runs[0].surface_windows,
+                    "eval": runs[0].eval_windows[cfg.validation_windows:],
                     "validation": val_windows(runs[0])},
         "calibration": calib,
         "regime": regime,
@@ -217,7 +218,7 @@ def regime_facts(run: SeedRun, cfg: ExperimentConfig, seed_res: dict[str, Any]) 
         for w in run.eval_windows[cfg.validation_windows:]:
             v = version_for_window(idx[w], cfg.publish_every, cfg.lag)
             fm_rows = int(sum(rows[p].sum() for p in run.parts[:v]))
-            vm_rows = int(sum(rows[p][s] for p in run.parts[idx[run.windows[0]]: idx[w]]))
+            vm_rows = int(sum(rows[p][s] for p in run.parts[idx[run.windows_for(s)[0]]: idx[w]]))
             per_w.append({"window": w, "fm_version": v, "fm_rows": fm_rows, "vm_rows": vm_rows,
                           "fm_over_vm_rows": fm_rows / max(vm_rows, 1)})
         vm_flops = int(r["baseline"]["serving_flops"])

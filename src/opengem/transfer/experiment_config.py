@@ -91,6 +91,9 @@ class ExperimentConfig:
     # low-traffic surface's model is trained on a longer stretch of its recent log than a busy one's to see
     # enough rows (the final seeds measured KD data-bound at 1.4-1.9k VM rows a day, docs/TRANSFER.md)
     vm_history_windows: int = 0
+    # per VM surface (surface -> windows), replacing vm_history_windows there: calibration round 11 gave the
+    # low-traffic surfaces (video, messaging) 2 windows of history and the busy ones none, in one regime
+    surface_history_windows: dict[str, int] = field(default_factory=dict)
     # the first N evaluation windows are validation: KD is tuned there and the regime is calibrated there
     # (``calibration`` in transfer.json); the arms table reports only the windows after them (0 = tune
     # and report on the same windows, the original protocol)
@@ -152,6 +155,9 @@ class ExperimentConfig:
             low = 1 if key == "publish_every" else 0
             if not isinstance(getattr(self, key), int) or getattr(self, key) < low:
                 raise ConfigError(f"{key}: an integer >= {low}, got {getattr(self, key)!r}")
+        for surface, h in self.surface_history_windows.items():
+            if not isinstance(h, int) or isinstance(h, bool) or h < 0:
+                raise ConfigError(f"surface_history_windows.{surface}: an integer >= 0, got {h!r}")
         if self.fm_versions not in FM_VERSION_MODES:
             raise ConfigError(f"fm_versions: {' | '.join(FM_VERSION_MODES)}, got {self.fm_versions!r}")
         if self.fm_versions == "warm" and self.fm.train.steps:
@@ -189,6 +195,12 @@ class ExperimentConfig:
         if tuned and not self.validation_windows:
             raise ConfigError(f"{tuned[0]}: chooses on the validation windows, and validation_windows = 0 "
                               "would make it choose on the reported ones; set validation_windows >= 1")
+
+    def history_windows(self, surface: str) -> tuple[int, str]:
+        """A VM surface's windows of history before vm_first_window, and the key that set them."""
+        if surface in self.surface_history_windows:
+            return self.surface_history_windows[surface], f"surface_history_windows.{surface}"
+        return self.vm_history_windows, "vm_history_windows"
 
     def epochs_for(self, arm: str) -> int:
         """An arm's configured (untuned) epochs per window."""

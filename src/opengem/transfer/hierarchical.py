@@ -46,14 +46,15 @@ def run_hierarchical(
     teacher = KnowledgeTable(np.zeros(0, np.int64), np.zeros((0, len(vm_schema.tasks)), np.float32))
     t_idx = [dom_schema.task_names.index(t) for t in vm_schema.task_names]
     vm_preds, dom_preds = [], []
-    for w in run.windows:
+    windows = run.windows_for(s)  # the VM surface's own history length, for the domain FM too
+    for w in windows:
         if w in run.eval_windows:
             vm_preds.append(vm.predict(w))
             d = dom.predict(w, [s])
             d["logits"] = d["logits"][:, t_idx]
             d["labels"], d["mask"] = d["labels"][:, t_idx], d["mask"][:, t_idx]
             dom_preds.append(d)
-        if w == run.windows[-1]:
+        if w == windows[-1]:
             break
         lab = read_labels(dom.ds.files(w), dom_schema)
         know_dom.fit_adapter(adapter, lab["example_id"], lab["surface"], lab["labels"], lab["mask"])

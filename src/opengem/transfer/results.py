@@ -7,6 +7,10 @@ FLOPs ratio, and "adds serving compute" in place of R for the others). Across se
 before the ratio (a ratio of means, stable when one seed's KD gain is tiny). CIs: paired
 bootstrap — each replicate resamples the evaluated examples of every seed (the same rows for every
 arm), recomputes every NE, and the ratio of summed gains; percentiles 2.5 / 97.5.
+
+R is withheld (``r_withheld = KD_GAIN_UNRESOLVED``) where tuned KD's own gain has a CI that includes 0: the
+ratio's denominator is then indistinguishable from nothing and the session-8 final seeds printed
+R = -269 [-1698, 1977] for such a surface. TR still measures the arm against the FM there.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import Any
 import numpy as np
 
 EPS = 1e-7
+KD_GAIN_UNRESOLVED = "undefined: KD's gain CI includes 0"
 
 
 def ne_of(p: np.ndarray, y: np.ndarray) -> float:
@@ -69,6 +74,10 @@ def summarize_key(
     out: dict[str, Any] = {"fm": {"ne": mean["fm"]}}
     g_kd = mean[base] - mean[kd] if kd in mean else float("nan")
     g_fm = mean[base] - mean["fm"]
+    kd_unresolved = False
+    if kd in boot:
+        gb = boot[base] - boot[kd]
+        kd_unresolved = bool(np.percentile(gb, 2.5) <= 0 <= np.percentile(gb, 97.5))
     for a in arms:
         g = mean[base] - mean[a]
         rb = np.zeros(0)
@@ -89,6 +98,8 @@ def summarize_key(
             "tr_ci": [float(np.percentile(tb, 2.5)), float(np.percentile(tb, 97.5))] if tb.size else None,
             "fm_ne": mean["fm"],
         }
+        if kd_unresolved:
+            out[a].update(r=None, r_ci=None, r_withheld=KD_GAIN_UNRESOLVED)
     return out
 
 

@@ -10,7 +10,6 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from opengem.config import ConfigError
 from opengem.data.dataset import Dataset
 from opengem.model.registry import ModelConfig
 from opengem.transfer.adapter import StudentAdapter
@@ -27,6 +26,7 @@ from opengem.transfer.windows import (
     train_published_versions,
     version_for_window,
     vm_start_window,
+    vm_surfaces,
     vm_train_windows,
     window_len,
 )
@@ -48,7 +48,12 @@ class SeedRun:
         lags = sorted({cfg.lag, *cfg.staleness})
         self.lags = lags
         self.vm_start = vm_start_window(cfg, lags, len(self.parts), str(self.data))
-        self.windows = vm_train_windows(cfg, lags, self.parts, self.vm_start)
+        names = vm_surfaces(cfg, list(self.schema.surfaces))
+        self.surfaces = names
+        # each VM surface's training windows (its own history length); ``windows`` is the longest of them,
+        # the span the side tables are generated over (every surface's list is a suffix of it)
+        self.surface_windows = {n: vm_train_windows(cfg, lags, self.parts, self.vm_start, n) for n in names}
+        self.windows = max(self.surface_windows.values(), key=len)
         self.eval_windows = self.parts[self.vm_start + 1 :]
         fm_cfg = copy.deepcopy(cfg.fm)
         fm_cfg.train.seed = seed
@@ -57,11 +62,6 @@ class SeedRun:
                                                  cfg.publish_every, cfg.fm_versions)
         self.fm_train_s = time.perf_counter() - t0
         self.window_len = window_len(self.ds)
-        names = cfg.surfaces or list(self.schema.surfaces)
-        bad = [s for s in names if s not in self.schema.surfaces]
-        if bad:
-            raise ConfigError(f"surfaces: {bad} not in the dataset's surfaces {self.schema.surfaces}")
-        self.surfaces = names
         self.gen: dict[int, dict[str, Any]] = {}
 
     def side(self, lag: int) -> pa.Table:
@@ -78,6 +78,10 @@ class SeedRun:
         if m["rows"]:
             self.gen[lag] = m
         return read_side_table(out, self.windows)
+
+    def windows_for(self, s: int) -> list[str]:
+        """The training windows of the VM of surface index ``s``."""
+        return self.surface_windows[self.schema.surfaces[s]]
 
     def fm_for_sharing(self, lag: int) -> Any:
         k = version_for_window(self.vm_start, self.cfg.publish_every, lag)  # the first VM window's version
@@ -109,7 +113,7 @@ class SeedRun:
             vm_dir = self.root / f"vm_{sname}_lag{lag}"
             vm_schema = derive_vm_schema(self.schema, cfg.vm.schema, name=f"vm_{sname}")
             emb_schema = derive_vm_schema(self.schema, cfg.vm.schema, widths, name=f"vm_{sname}_fmemb")
-            build_vm_dataset(self.data, [s], vm_dir, lut, self.windows, emb_schema)
+            build_vm_dataset(self.data, [s], vm_dir, lut, self.windows_for(s), emb_schema)
             tasks = vm_schema.task_names
             know = KnowledgeTable.from_side_table(side, tasks, cfg.surface_bias, self.window_len)
             res: dict[str, Any] = {"surface": s, "tasks": tasks}
@@ -174,10 +178,11 @@ class SeedRun:
         )
         preds = []
         adapter_dev = []
-        for w in self.windows:
+        windows = self.windows_for(s)
+        for w in windows:
             if w in self.eval_windows:
                 preds.append(st.predict(w))
-            if w == self.windows[-1]:
+            if w == windows[-1]:
                 break
             if adapter is not None:
                 lab = read_labels(st.ds.files(w), schema)

@@ -95,15 +95,29 @@ def first_window_with_versions(cfg: ExperimentConfig, lags: list[int]) -> int:
     return cfg.publish_every * (1 + max(lags))
 
 
-def vm_train_windows(cfg: ExperimentConfig, lags: list[int], parts: list[str], vm_start: int) -> list[str]:
-    """The windows a VM trains on, in order: ``vm_history_windows`` before ``vm_start`` (trained on, never
-    evaluated) and ``vm_start`` onwards. Every one of them needs an FM version at every lag (its soft labels),
-    so the first may not come before ``publish_every * (1 + largest lag)``."""
-    first = vm_start - cfg.vm_history_windows
+def vm_surfaces(cfg: ExperimentConfig, dataset_surfaces: list[str]) -> list[str]:
+    """The VM surfaces (``surfaces``, [] = all), checked against the dataset's, as is every surface that
+    ``surface_history_windows`` names (a misspelt one would silently leave its surface at the default)."""
+    names = cfg.surfaces or list(dataset_surfaces)
+    for key, given in (("surfaces", names), ("surface_history_windows", list(cfg.surface_history_windows))):
+        bad = [s for s in given if s not in dataset_surfaces]
+        if bad:
+            raise ConfigError(f"{key}: {bad} not in the dataset's surfaces {dataset_surfaces}")
+    return names
+
+
+def vm_train_windows(cfg: ExperimentConfig, lags: list[int], parts: list[str], vm_start: int,
+                     surface: str = "") -> list[str]:
+    """The windows a VM (of ``surface``) trains on, in order: its history windows before ``vm_start``
+    (``cfg.history_windows``: trained on, never evaluated) and ``vm_start`` onwards. Every one of them needs
+    an FM version at every lag (its soft labels), so the first may not come before
+    ``publish_every * (1 + largest lag)``."""
+    history, key = cfg.history_windows(surface)
+    first = vm_start - history
     earliest = first_window_with_versions(cfg, lags)
     if first < earliest:
         raise ConfigError(
-            f"vm_history_windows = {cfg.vm_history_windows}: the VM would train from window {first}, before "
+            f"{key} = {history}: the VM would train from window {first}, before "
             f"window {earliest}, the first with an FM version at lag {max(lags)} (publish_every "
             f"{cfg.publish_every}); lower it or raise vm_first_window"
         )
