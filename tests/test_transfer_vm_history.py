@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from opengem.config import ConfigError
+from opengem.transfer.experiment import run_experiment
 from opengem.transfer.experiment_config import ExperimentConfig, load_experiment_config
 from opengem.transfer.seed_run import SeedRun
 from opengem.transfer.vm_train import ArmConfig
@@ -131,3 +132,29 @@ def test_bad_surface_history_windows_is_a_config_error(bad):
     with pytest.raises(ConfigError, match="surface_history_windows"):
         over = [f"surface_history_windows.video={bad}"]
         load_experiment_config("configs/transfer-tiny.toml", over).validate()
+
+
+@pytest.mark.slow
+def test_a_whole_experiment_gives_each_surface_its_own_history(tmp_path):
+    """Every arm (the hierarchical one too) end to end on two surfaces, one with a window of history
+    (about a minute): each surface's VM trains on its own windows, recorded in transfer.json, and the
+    FM/VM row ratio counts that surface's history rows."""
+    over = ["data.sim.days=4", "vm_first_window=2", 'surfaces=["feed", "stories"]',
+            "surface_history_windows.feed=1"]
+    cfg = load_experiment_config("configs/transfer-tiny.toml", over)
+    res = run_experiment(cfg, tmp_path / "run", log=lambda *a: None)
+    per = res["windows"]["vm_per_surface"]
+    assert per["feed"] == ["day=001", "day=002", "day=003"] and per["stories"] == ["day=002", "day=003"]
+    assert res["windows"]["vm"] == per["feed"]
+    for arm in cfg.arms:
+        assert np.isfinite(res["arms"][arm]["feed/click"]["ne"])
+        assert np.isfinite(res["arms"][arm]["stories/click"]["ne"])
+    reg = res["regime"]["surfaces"]
+    feed_rows = reg["feed"]["windows"][0]["vm_rows"]
+    stories_rows = reg["stories"]["windows"][0]["vm_rows"]
+    assert feed_rows > 0 and stories_rows > 0
+    assert reg["feed"]["history_windows"] == 1 and reg["stories"]["history_windows"] == 0
+    no_history = run_experiment(load_experiment_config("configs/transfer-tiny.toml", over[:3]),
+                                tmp_path / "none", log=lambda *a: None)
+    assert no_history["regime"]["surfaces"]["feed"]["windows"][0]["vm_rows"] < feed_rows
+    assert no_history["regime"]["surfaces"]["stories"]["windows"][0]["vm_rows"] == stories_rows

@@ -224,6 +224,7 @@ def regime_facts(run: SeedRun, cfg: ExperimentConfig, seed_res: dict[str, Any]) 
         vm_flops = int(r["baseline"]["serving_flops"])
         out["surfaces"][sname] = {
             "windows": per_w, "min_fm_over_vm_rows": min(p["fm_over_vm_rows"] for p in per_w),
+            "history_windows": run.vm_start - idx[run.windows_for(s)[0]],
             "vm_flops_per_example": vm_flops, "fm_over_vm_flops": fm_flops / max(vm_flops, 1)}
     return out
 
@@ -252,8 +253,9 @@ def regime_text(regime: dict[str, Any]) -> str:
     lines = [f"\nregime: FM versions every {regime['publish_every']} windows, lag {regime['lag']}, VM from "
              f"window {regime['vm_start']}, FM {regime['fm_flops_per_example']:,} FLOPs/example"]
     for sname, m in regime["surfaces"].items():
+        history = f", {m['history_windows']} history windows" if m.get("history_windows") else ""
         lines.append(f"  {sname}: FM/VM training rows >= {m['min_fm_over_vm_rows']:.1f}x, FM/VM serving "
-                     f"FLOPs {m['fm_over_vm_flops']:.1f}x (VM {m['vm_flops_per_example']:,})")
+                     f"FLOPs {m['fm_over_vm_flops']:.1f}x (VM {m['vm_flops_per_example']:,}){history}")
     return "\n".join(lines)
 
 
