@@ -166,6 +166,9 @@ def run_load(port: int, bodies: list[bytes], clients: int, max_requests: int, du
                 chunk = c.sock.recv(1 << 17)
             except BlockingIOError:
                 continue
+            except ConnectionResetError:  # closed with our next request unread: a reset, not an EOF
+                fail(c, "-1 server closed the connection (reset)")
+                continue
             except OSError as e:
                 fail(c, f"-1 {type(e).__name__}: {e}")
                 continue
