@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from opengem.bench.load_client import BadReply, parse_head, raw_request, run_load
+from opengem.bench.load_client import BadReply, LoadResult, parse_head, raw_request, run_load
 from opengem.serve.server import ModelServer, ServeConfig
 from serve_helpers import FakePredictor, request
 
@@ -126,25 +126,27 @@ def test_a_body_larger_than_the_socket_buffers_is_sent_whole() -> None:
     assert r.errors == 0 and len(r.latencies) == 4 and server.bodies == [len(big)] * 4
 
 
-def test_a_closed_connection_is_an_error_and_the_client_reconnects() -> None:
-    server = RawServer("close")
+def _six_requests_to(mode: str) -> LoadResult:
+    """Six requests from one client to a RawServer that drops its connections (``close`` or ``reset``):
+    every request is answered or counted, some are errors, and the client reconnects after each."""
+    server = RawServer(mode)
     try:
         r = run_load(server.port, [b"{}"], clients=1, max_requests=6, duration_s=60, warmup=0)
     finally:
         server.close()
     assert len(r.latencies) + r.errors >= 6 and r.errors >= 1 and len(r.latencies) >= 3
+    return r
+
+
+def test_a_closed_connection_is_an_error_and_the_client_reconnects() -> None:
+    r = _six_requests_to("close")
     assert any("closed the connection" in s for s in r.samples)
 
 
 def test_a_reset_connection_is_counted_as_closed_and_the_client_reconnects() -> None:
     """A server that closes with the client's next request unread sends a reset, which a loaded machine
     often turns the EOF case above into (the CI flake of session 9): same count, same reason."""
-    server = RawServer("reset")
-    try:
-        r = run_load(server.port, [b"{}"], clients=1, max_requests=6, duration_s=60, warmup=0)
-    finally:
-        server.close()
-    assert len(r.latencies) + r.errors >= 6 and r.errors >= 1 and len(r.latencies) >= 3
+    r = _six_requests_to("reset")
     assert r.samples and all("server closed the connection" in s for s in r.samples)
 
 

@@ -224,7 +224,7 @@ def regime_facts(run: SeedRun, cfg: ExperimentConfig, seed_res: dict[str, Any]) 
         vm_flops = int(r["baseline"]["serving_flops"])
         out["surfaces"][sname] = {
             "windows": per_w, "min_fm_over_vm_rows": min(p["fm_over_vm_rows"] for p in per_w),
-            "history_windows": run.vm_start - idx[run.windows_for(s)[0]],
+            "history_windows": cfg.history_windows(sname)[0],
             "vm_flops_per_example": vm_flops, "fm_over_vm_flops": fm_flops / max(vm_flops, 1)}
     return out
 

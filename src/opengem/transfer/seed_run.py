@@ -48,11 +48,11 @@ class SeedRun:
         lags = sorted({cfg.lag, *cfg.staleness})
         self.lags = lags
         self.vm_start = vm_start_window(cfg, lags, len(self.parts), str(self.data))
-        names = vm_surfaces(cfg, list(self.schema.surfaces))
-        self.surfaces = names
+        self.surfaces = vm_surfaces(cfg, list(self.schema.surfaces))
         # each VM surface's training windows (its own history length); ``windows`` is the longest of them,
         # the span the side tables are generated over (every surface's list is a suffix of it)
-        self.surface_windows = {n: vm_train_windows(cfg, lags, self.parts, self.vm_start, n) for n in names}
+        self.surface_windows = {n: vm_train_windows(cfg, lags, self.parts, self.vm_start, n)
+                                for n in self.surfaces}
         self.windows = max(self.surface_windows.values(), key=len)
         self.eval_windows = self.parts[self.vm_start + 1 :]
         fm_cfg = copy.deepcopy(cfg.fm)
