@@ -213,7 +213,10 @@ class Study:
     def run_config(self, fam: FamilySweep, size: int, steps: int, lr: float | None, seed: int) -> Any:
         from opengem.train.config import load_run_config
 
-        ovr = ["train.progress=false", "train.eval_every=0", "train.epochs=1", *self.cfg.overrides,
+        # train.steps goes in first so that a study override such as train.lr_decay=cosine (which needs
+        # steps > 0) validates; the run's own step count replaces it below.
+        ovr = ["train.progress=false", "train.eval_every=0", "train.epochs=1", f"train.steps={max(steps, 1)}",
+               *self.cfg.overrides,
                *fam.overrides, f"model.name={fam.model or fam.name}", *self.sizes[fam.name][size],
                *self.extra]
         rc = load_run_config(self.cfg.base, ovr)
@@ -280,7 +283,7 @@ def prepare_study(cfg: IsoflopConfig, out: Path, data_dir: str | Path | None, ex
     from opengem.train.config import load_run_config
     from opengem.train.data import prepare_data
 
-    base = load_run_config(cfg.base, [*cfg.overrides, *extra])
+    base = load_run_config(cfg.base, ["train.steps=1", *cfg.overrides, *extra])  # steps: see run_config
     t0 = time.perf_counter()
     simulated = not (data_dir or base.data.path)
     planned_rows = None
