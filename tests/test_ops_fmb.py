@@ -91,8 +91,11 @@ def test_combine_rejects_identity_residual_of_the_wrong_size():
 def test_fmb_rejects_unknown_kernel_and_mismatched_layers():
     x, y = torch.zeros(2, 3, 4), torch.zeros(3, 2)
     w, b = [torch.zeros(5, 6)], [torch.zeros(5)]
-    with pytest.raises(ValueError, match="kernel 'triton' is not one of"):
-        fmb_ops.fmb(x, y, torch.ones(6), torch.zeros(6), w, b, kernel="triton")
+    with pytest.raises(ValueError, match="kernel 'cuda' is not one of"):
+        fmb_ops.fmb(x, y, torch.ones(6), torch.zeros(6), w, b, kernel="cuda")
+    with pytest.raises(ValueError, match="kernel 'triton' is not one of"):  # combine has no Triton twin
+        fmb_ops.combine(torch.zeros(2, 2, 4), x, torch.zeros(1, 3), None, torch.ones(4), torch.zeros(4),
+                        kernel="triton")
     with pytest.raises(ValueError, match="one bias per MLP weight"):
         fmb_ops.fmb(x, y, torch.ones(6), torch.zeros(6), w, [], kernel="fused")
 

@@ -4,8 +4,9 @@ The math every GEM block shares (the long-sequence encoder, InterFormer's Sequen
 cross-layer attention), without parameters: projections stay in the model's modules. Shapes follow SDPA:
 q [B, H, Lq, dh], k and v [B, H, Lk, dh], key masks [B, Lk] bool (True = real key). Every op takes
 ``kernel`` (see :mod:`opengem.ops.kernel`): ``"pytorch"`` runs :mod:`opengem.ops.pytorch.pt_attention` (the
-reference, SDPA); the RoPE ops also have ``"fused"`` (:mod:`opengem.ops.fused.fused_attention`). The
-attention cores have no fused twin: SDPA's CPU flash kernel was the fastest measured at GEM's shapes.
+reference, SDPA); the RoPE ops also have ``"fused"`` (:mod:`opengem.ops.fused.fused_attention`) and
+:func:`jagged_attention` has ``"triton"`` (a GPU flash kernel over packed rows). The padded attention cores
+have no fused twin: SDPA's CPU flash kernel was the fastest measured at GEM's shapes.
 
 FLOPs: :func:`flop_formulas` returns the FlopCounterMode formulas for kernels torch does not count;
 ``opengem.model.flops.flop_counter`` passes them as ``custom_mapping``. Nothing here touches torch's global
@@ -20,7 +21,7 @@ from typing import Any
 import torch
 
 from opengem.ops.fused import fused_attention
-from opengem.ops.kernel import WITH_FUSED, Kernel, resolve_kernel
+from opengem.ops.kernel import WITH_FUSED, WITH_TRITON, Kernel, resolve_kernel
 from opengem.ops.pytorch import pt_attention, pt_jagged
 
 
@@ -83,12 +84,19 @@ def jagged_attention(
     """Self-attention within each jagged row: q, k, v [N, H, dh] (rows ``lengths``) -> [N, H, dh].
 
     Each event attends to every event of its own row (no causal mask). ``max_len`` must be >= the longest
-    row. The reference pads to [B, H, max_len, dh] and runs :func:`masked_attention`; a jagged kernel
-    (FBGEMM / Triton) would skip the padding.
+    row. The reference pads to [B, H, max_len, dh] and runs :func:`masked_attention`; ``"triton"``
+    (:mod:`opengem.ops.triton.triton_attention`) streams each row's own keys and never pads.
     """
-    resolve_kernel(kernel)
+    which = resolve_kernel(kernel, WITH_TRITON)
     if offsets is None:
         offsets = pt_jagged.lengths_to_offsets(lengths)
+    if which is Kernel.TRITON:
+        from opengem.ops.triton import require_triton
+
+        require_triton(q, k, v)
+        from opengem.ops.triton import triton_attention  # after the check: @triton.jit reads TRITON_INTERPRET
+
+        return triton_attention.jagged_attention(q, k, v, offsets, max_len)
     return pt_attention.jagged_attention(q, k, v, offsets, lengths, max_len)
 
 

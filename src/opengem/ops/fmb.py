@@ -4,7 +4,9 @@
 ``combine``: ``LN(concat(FMB, LCB) + residual)`` with LCB = W_L·X along the token axis and the residual X or
 W_R·X. ``kernel`` (see :mod:`opengem.ops.kernel`): ``pytorch`` runs :mod:`opengem.ops.pytorch.pt_fmb` (the
 reference), ``fused`` :mod:`opengem.ops.fused.fused_fmb` (no layout copies, no cat, LCB and residual in
-one product). Parameters live in ``opengem.model.wukong.WukongLayer``; these ops only compute.
+one product); ``fm_product`` and ``fmb`` also have ``triton`` (:mod:`opengem.ops.triton.triton_fmb`: the FM
+product and the LayerNorm in one GPU kernel per example, the MLP as GEMMs; ``combine`` has no Triton
+kernel). Parameters live in ``opengem.model.wukong.WukongLayer``; these ops only compute.
 """
 
 from __future__ import annotations
@@ -12,13 +14,16 @@ from __future__ import annotations
 import torch
 
 from opengem.ops.fused import fused_fmb
-from opengem.ops.kernel import WITH_FUSED, Kernel, resolve_kernel
+from opengem.ops.kernel import WITH_FUSED, WITH_FUSED_AND_TRITON, Kernel, resolve_kernel
 from opengem.ops.pytorch import pt_fmb
 
 
 def fm_product(x: torch.Tensor, y: torch.Tensor, *, kernel: Kernel | str = Kernel.PYTORCH) -> torch.Tensor:
     """X · (Xᵀ Y) -> [B, n, k] for x [B, n, d] and y [n, k] (shared) or [B, n, k] (input-attentive)."""
-    if resolve_kernel(kernel, WITH_FUSED) is Kernel.FUSED:
+    which = resolve_kernel(kernel, WITH_FUSED_AND_TRITON)
+    if which is Kernel.TRITON:
+        return _triton_fmb(x, y).fm_product(x, y)
+    if which is Kernel.FUSED:
         return fused_fmb.fm_product(x, y)
     return pt_fmb.fm_product(x, y)
 
@@ -39,9 +44,23 @@ def fmb(
     if len(weights) != len(biases) or not weights:
         raise ValueError(f"fmb: need one bias per MLP weight and at least one layer "
                          f"(got {len(weights)} weights, {len(biases)} biases)")
-    if resolve_kernel(kernel, WITH_FUSED) is Kernel.FUSED:
+    which = resolve_kernel(kernel, WITH_FUSED_AND_TRITON)
+    if which is Kernel.TRITON:
+        h = _triton_fmb(x, y, ln_weight, ln_bias).fm_layer_norm(x, y, ln_weight, ln_bias, eps)
+        return fused_fmb.mlp(h, weights, biases)
+    if which is Kernel.FUSED:
         return fused_fmb.fmb(x, y, ln_weight, ln_bias, weights, biases, eps)
     return pt_fmb.fmb(x, y, ln_weight, ln_bias, weights, biases, eps)
+
+
+def _triton_fmb(*tensors: torch.Tensor):  # noqa: ANN202 (a module)
+    """:mod:`opengem.ops.triton.triton_fmb`, imported only once Triton is known to run on these tensors."""
+    from opengem.ops.triton import require_triton
+
+    require_triton(*tensors)
+    from opengem.ops.triton import triton_fmb
+
+    return triton_fmb
 
 
 def combine(

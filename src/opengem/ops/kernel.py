@@ -2,7 +2,8 @@
 
 Each ``ops/<op>.py`` validates ``kernel`` here and dispatches to ``ops/pytorch/pt_<op>.py`` (the reference,
 plain PyTorch plus FBGEMM's jagged ops) or to a faster twin (``ops/fused/fused_<op>.py``: hand-fused PyTorch
-with fewer, contiguous ops; later ``ops/triton/``). An op lists the kernels it really has (``supported``);
+with fewer, contiguous ops; or ``ops/triton/triton_<op>.py``: GPU kernels, checked on CPU in Triton's
+interpreter). An op lists the kernels it really has (``supported``);
 naming any other is an error rather than a silent fallback to the reference, so a benchmark never measures
 the wrong kernel.
 """
@@ -17,11 +18,14 @@ class Kernel(StrEnum):
 
     PYTORCH = "pytorch"  # the reference
     FUSED = "fused"  # hand-fused PyTorch: contiguous layouts, no cat/fill_ churn, jagged where it pays
+    TRITON = "triton"  # Triton kernels: CUDA tensors, or CPU tensors under TRITON_INTERPRET=1 (tests)
 
 
 _BY_NAME: dict[str, Kernel] = {k.value: k for k in Kernel}
 REFERENCE_ONLY: tuple[Kernel, ...] = (Kernel.PYTORCH,)
 WITH_FUSED: tuple[Kernel, ...] = (Kernel.PYTORCH, Kernel.FUSED)
+WITH_TRITON: tuple[Kernel, ...] = (Kernel.PYTORCH, Kernel.TRITON)
+WITH_FUSED_AND_TRITON: tuple[Kernel, ...] = (Kernel.PYTORCH, Kernel.FUSED, Kernel.TRITON)
 
 
 def resolve_kernel(kernel: Kernel | str, supported: tuple[Kernel, ...] = REFERENCE_ONLY) -> Kernel:

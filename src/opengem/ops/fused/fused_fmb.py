@@ -44,7 +44,11 @@ def fmb(
 ) -> torch.Tensor:
     """MLP(LN(flatten(X · (Xᵀ Y)))) -> [B, out]: ReLU between the MLP's layers, none after the last."""
     h = fm_product(x, y).flatten(1)
-    h = F.layer_norm(h, (h.shape[1],), ln_weight, ln_bias, eps)
+    return mlp(F.layer_norm(h, (h.shape[1],), ln_weight, ln_bias, eps), weights, biases)
+
+
+def mlp(h: torch.Tensor, weights: list[torch.Tensor], biases: list[torch.Tensor]) -> torch.Tensor:
+    """The FMB's MLP on [B, in]: one addmm per layer, ReLU in place between layers, none after the last."""
     last = len(weights) - 1
     for i, (w, b) in enumerate(zip(weights, biases)):
         h = torch.addmm(b, h, w.t())

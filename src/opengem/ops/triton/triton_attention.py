@@ -1,0 +1,179 @@
+"""Jagged self-attention in Triton: flash attention over packed rows, with no padding at all.
+
+q, k, v are packed events [N, H, dh] of B rows (``offsets`` [B + 1]); each event attends to every event of
+its own row. One program owns (a block of queries, a row, a head) and streams that row's keys through an
+online softmax (FlashAttention-2's forward), so no [B, H, max_len, max_len] score tensor and no padded copy
+of q/k/v ever exists; a row of length 0 has no queries and costs nothing. The forward keeps the
+log-sum-exp of every query; the backward recomputes the probabilities from it in two kernels (dK/dV per key
+block, dQ per query block), so there are no atomics and the result is deterministic.
+
+Exactness: fp32 inputs multiply in IEEE fp32 (``input_precision="ieee"``, not TF32) so that the twin test's
+1e-5 tolerance holds on a GPU as it does in the interpreter; bf16/fp16 inputs use the tensor cores and
+accumulate in fp32. Reference: :func:`opengem.ops.pytorch.pt_attention.jagged_attention`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from opengem.ops.triton import block
+
+
+@triton.jit
+def _fwd(Q, K, V, O, LSE, OFF, scale, stride_n, stride_h, H, DH,
+         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PREC: tl.constexpr):
+    pid_m, row, head = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    start = tl.load(OFF + row)
+    length = tl.load(OFF + row + 1) - start
+    if pid_m * BLOCK_M < length:
+        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        rd = tl.arange(0, BLOCK_D)
+        m_ok = rm < length
+        d_ok = rd < DH
+        base = start * stride_n + head * stride_h
+        q_mask = m_ok[:, None] & d_ok[None, :]
+        q = tl.load(Q + base + rm[:, None] * stride_n + rd[None, :], mask=q_mask, other=0.0)
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+        for n0 in range(0, length, BLOCK_N):
+            rn = n0 + tl.arange(0, BLOCK_N)
+            n_ok = rn < length
+            kv_mask = n_ok[:, None] & d_ok[None, :]
+            k = tl.load(K + base + rn[:, None] * stride_n + rd[None, :], mask=kv_mask, other=0.0)
+            v = tl.load(V + base + rn[:, None] * stride_n + rd[None, :], mask=kv_mask, other=0.0)
+            s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale
+            s = tl.where(n_ok[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            p = tl.exp(s - m_new[:, None])
+            alpha = tl.exp(m_i - m_new)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
+            m_i = m_new
+        out = acc / l_i[:, None]
+        tl.store(O + base + rm[:, None] * stride_n + rd[None, :], out.to(O.dtype.element_ty), mask=q_mask)
+        tl.store(LSE + (start + rm) * H + head, m_i + tl.log(l_i), mask=m_ok)
+
+
+@triton.jit
+def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, OFF, scale, stride_n, stride_h, H, DH,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PREC: tl.constexpr):
+    pid_n, row, head = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    start = tl.load(OFF + row)
+    length = tl.load(OFF + row + 1) - start
+    if pid_n * BLOCK_N < length:
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        rd = tl.arange(0, BLOCK_D)
+        n_ok = rn < length
+        d_ok = rd < DH
+        base = start * stride_n + head * stride_h
+        kv_mask = n_ok[:, None] & d_ok[None, :]
+        k = tl.load(K + base + rn[:, None] * stride_n + rd[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(V + base + rn[:, None] * stride_n + rd[None, :], mask=kv_mask, other=0.0)
+        dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+        dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+        for m0 in range(0, length, BLOCK_M):
+            rm = m0 + tl.arange(0, BLOCK_M)
+            m_ok = rm < length
+            q_mask = m_ok[:, None] & d_ok[None, :]
+            q = tl.load(Q + base + rm[:, None] * stride_n + rd[None, :], mask=q_mask, other=0.0)
+            do = tl.load(DO + base + rm[:, None] * stride_n + rd[None, :], mask=q_mask, other=0.0)
+            lse = tl.load(LSE + (start + rm) * H + head, mask=m_ok, other=0.0)
+            delta = tl.load(DELTA + (start + rm) * H + head, mask=m_ok, other=0.0)
+            s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale
+            p = tl.where(m_ok[:, None] & n_ok[None, :], tl.exp(s - lse[:, None]), 0.0)
+            dv += tl.dot(tl.trans(p).to(do.dtype), do, input_precision=PREC)
+            dp = tl.dot(do, tl.trans(v), input_precision=PREC)
+            ds = p * (dp - delta[:, None])
+            dk += tl.dot(tl.trans(ds).to(q.dtype), q, input_precision=PREC)
+        kv_ptr = base + rn[:, None] * stride_n + rd[None, :]
+        tl.store(DK + kv_ptr, (dk * scale).to(DK.dtype.element_ty), mask=kv_mask)
+        tl.store(DV + kv_ptr, dv.to(DV.dtype.element_ty), mask=kv_mask)
+
+
+@triton.jit
+def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, OFF, scale, stride_n, stride_h, H, DH,
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PREC: tl.constexpr):
+    pid_m, row, head = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    start = tl.load(OFF + row)
+    length = tl.load(OFF + row + 1) - start
+    if pid_m * BLOCK_M < length:
+        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        rd = tl.arange(0, BLOCK_D)
+        m_ok = rm < length
+        d_ok = rd < DH
+        base = start * stride_n + head * stride_h
+        q_mask = m_ok[:, None] & d_ok[None, :]
+        q = tl.load(Q + base + rm[:, None] * stride_n + rd[None, :], mask=q_mask, other=0.0)
+        do = tl.load(DO + base + rm[:, None] * stride_n + rd[None, :], mask=q_mask, other=0.0)
+        lse = tl.load(LSE + (start + rm) * H + head, mask=m_ok, other=0.0)
+        delta = tl.load(DELTA + (start + rm) * H + head, mask=m_ok, other=0.0)
+        dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+        for n0 in range(0, length, BLOCK_N):
+            rn = n0 + tl.arange(0, BLOCK_N)
+            n_ok = rn < length
+            kv_mask = n_ok[:, None] & d_ok[None, :]
+            k = tl.load(K + base + rn[:, None] * stride_n + rd[None, :], mask=kv_mask, other=0.0)
+            v = tl.load(V + base + rn[:, None] * stride_n + rd[None, :], mask=kv_mask, other=0.0)
+            s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale
+            p = tl.where(m_ok[:, None] & n_ok[None, :], tl.exp(s - lse[:, None]), 0.0)
+            dp = tl.dot(do, tl.trans(v), input_precision=PREC)
+            ds = p * (dp - delta[:, None])
+            dq += tl.dot(ds.to(k.dtype), k, input_precision=PREC)
+        q_ptr = base + rm[:, None] * stride_n + rd[None, :]
+        tl.store(DQ + q_ptr, (dq * scale).to(DQ.dtype.element_ty), mask=q_mask)
+
+
+def _launch_args(q: torch.Tensor, max_len: int) -> dict[str, Any]:
+    bd = block(q.shape[-1])
+    bm = 16 if max_len <= 16 else 32
+    return {"BLOCK_M": bm, "BLOCK_N": bm, "BLOCK_D": bd,
+            "PREC": "ieee" if q.dtype == torch.float32 else "tf32"}
+
+
+class _JaggedAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets: torch.Tensor,
+                max_len: int) -> torch.Tensor:
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        n, h, dh = q.shape
+        rows = offsets.numel() - 1
+        o = torch.empty_like(q)
+        lse = torch.empty(n, h, dtype=torch.float32, device=q.device)
+        kw = _launch_args(q, max_len)
+        scale = 1.0 / math.sqrt(dh)
+        if n and rows and max_len:
+            grid = (triton.cdiv(max_len, kw["BLOCK_M"]), rows, h)
+            _fwd[grid](q, k, v, o, lse, offsets, scale, q.stride(0), q.stride(1), h, dh, **kw)
+        ctx.save_for_backward(q, k, v, o, lse, offsets)
+        ctx.max_len = max_len
+        return o
+
+    @staticmethod
+    def backward(ctx: Any, do: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        q, k, v, o, lse, offsets = ctx.saved_tensors
+        do = do.contiguous()
+        n, h, dh = q.shape
+        rows = offsets.numel() - 1
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        delta = (do.float() * o.float()).sum(-1).contiguous()  # [N, H]: rowsum(dO * O)
+        kw = _launch_args(q, ctx.max_len)
+        scale = 1.0 / math.sqrt(dh)
+        if n and rows and ctx.max_len:
+            args = (q.stride(0), q.stride(1), h, dh)
+            _bwd_dkdv[(triton.cdiv(ctx.max_len, kw["BLOCK_N"]), rows, h)](
+                q, k, v, do, lse, delta, dk, dv, offsets, scale, *args, **kw)
+            _bwd_dq[(triton.cdiv(ctx.max_len, kw["BLOCK_M"]), rows, h)](
+                q, k, v, do, lse, delta, dq, offsets, scale, *args, **kw)
+        return dq, dk, dv, None, None
+
+
+def jagged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets: torch.Tensor,
+                     max_len: int) -> torch.Tensor:
+    """softmax(q kᵀ / √dh) v within each row of packed [N, H, dh] events -> [N, H, dh]."""
+    return _JaggedAttention.apply(q, k, v, offsets.to(torch.int64).contiguous(), int(max_len))

@@ -1,0 +1,124 @@
+"""The Triton twins (``kernel="triton"``) against the reference, forward and backward, in Triton's CPU
+interpreter: so CI, which has no GPU, runs the same kernel code a GPU compiles.
+
+Jagged attention on random jagged rows (empty rows, a batch of only empty rows, no rows, rows longer than
+one 32-event tile so the online softmax crosses tiles); the FM product and FMB with a shared and a
+per-example Y, GEM-small's FMB shape, all-zero examples (LayerNorm's variance 0) and an empty batch.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+import torch
+
+# Triton chooses interpreter or GPU compile when a kernel is decorated, i.e. when opengem.ops.triton's kernel
+# modules are first imported (lazily, by the first op call): set it before any test here runs.
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+
+from opengem.ops import attention  # noqa: E402
+from opengem.ops import fmb as fmb_ops
+from opengem.ops.triton import block, require_triton  # noqa: E402
+from twin_helpers import rand, run_fwd_bwd  # noqa: E402
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
+                                reason="triton is not installed (requirements/cpu.txt installs it)")
+
+ATOL, RTOL = 2e-5, 1e-4
+
+
+def _same(ref: tuple, got: tuple) -> None:
+    (o_ref, g_ref), (o_got, g_got) = ref, got
+    assert o_ref.shape == o_got.shape
+    torch.testing.assert_close(o_got, o_ref, atol=ATOL, rtol=RTOL)
+    for a, b in zip(g_ref, g_got):
+        assert (a is None) == (b is None)
+        if a is not None:
+            torch.testing.assert_close(b, a, atol=ATOL, rtol=RTOL)
+
+
+@pytest.mark.parametrize("lengths,dh", [
+    ([3, 0, 5, 1], 4),  # empty row between real ones
+    ([0, 0], 8),  # only empty rows: no events at all
+    ([], 8),  # no rows
+    ([40, 0, 17, 33], 12),  # rows over one tile (32): the online softmax crosses tiles; dh not a power of 2
+    ([1], 16),  # one event attends to itself
+])
+def test_triton_jagged_attention_matches_reference(lengths, dh):
+    H = 2
+    n = sum(lengths)
+    lt = torch.tensor(lengths, dtype=torch.long)
+    max_len = max(lengths, default=0) + 3  # slack beyond the longest row must not matter
+    q, k, v = rand(n, H, dh, seed=1), rand(n, H, dh, seed=2), rand(n, H, dh, seed=3)
+
+    def call(kernel: str):  # noqa: ANN202
+        return lambda a, b, c: attention.jagged_attention(a, b, c, lt, max_len, kernel=kernel)
+
+    _same(run_fwd_bwd(call("pytorch"), [q, k, v]), run_fwd_bwd(call("triton"), [q, k, v]))
+
+
+# (B, n, d, k, MLP dims after the LN, all-zero examples, per-example Y)
+FMB_CASES = [
+    (6, 24, 32, 8, [512, 256], (1, 4), False),  # GEM-small's FMB shape, two all-zero examples
+    (5, 7, 4, 3, [16, 12], (0,), True),  # input-attentive Y [B, n, k]; tiles padded to 16
+    (1, 5, 20, 2, [10], (), False),  # batch 1, d not a power of two
+    (0, 5, 8, 2, [16], (), False),  # an empty batch
+]
+
+
+def _x(B: int, n: int, d: int, zero_rows: tuple[int, ...]) -> torch.Tensor:
+    x = rand(B, n, d, seed=B * 10 + n)
+    for r in zero_rows:
+        x[r] = 0.0
+    return x
+
+
+@pytest.mark.parametrize("B,n,d,k,dims,zero_rows,per_example", FMB_CASES)
+def test_triton_fm_product_matches_reference(B, n, d, k, dims, zero_rows, per_example):
+    x = _x(B, n, d, zero_rows)
+    y = rand(B, n, k, seed=5) if per_example else rand(n, k, seed=5)
+
+    def call(kernel: str):  # noqa: ANN202
+        return lambda a, b: fmb_ops.fm_product(a, b, kernel=kernel)
+
+    _same(run_fwd_bwd(call("pytorch"), [x, y]), run_fwd_bwd(call("triton"), [x, y]))
+
+
+@pytest.mark.parametrize("B,n,d,k,dims,zero_rows,per_example", FMB_CASES)
+def test_triton_fmb_matches_reference(B, n, d, k, dims, zero_rows, per_example):
+    x = _x(B, n, d, zero_rows)
+    y = rand(B, n, k, seed=5) if per_example else rand(n, k, seed=5)
+    widths = [n * k, *dims]
+    ws = [rand(o, i, seed=10 + j) / i**0.5 for j, (i, o) in enumerate(zip(widths[:-1], widths[1:]))]
+    bs = [rand(o, seed=20 + j) for j, o in enumerate(widths[1:])]
+    ln_w, ln_b = 1 + 0.1 * rand(n * k, seed=6), 0.1 * rand(n * k, seed=7)
+    L = len(ws)
+
+    def call(kernel: str):  # noqa: ANN202
+        return lambda x, y, lw, lb, *wb: fmb_ops.fmb(x, y, lw, lb, list(wb[:L]), list(wb[L:]), kernel=kernel)
+
+    inputs = [x, y, ln_w, ln_b, *ws, *bs]
+    _same(run_fwd_bwd(call("pytorch"), inputs), run_fwd_bwd(call("triton"), inputs))
+
+
+def test_triton_fm_product_refuses_an_example_too_large_for_one_program():
+    x, y = rand(2, 300, 128, seed=1), rand(300, 4, seed=2)
+    with pytest.raises(ValueError, match="use kernel='fused'"):
+        fmb_ops.fm_product(x, y, kernel="triton")
+
+
+def test_triton_on_cpu_without_the_interpreter_is_an_error_not_a_fallback(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
+        require_triton(torch.zeros(2))
+    with pytest.raises(ValueError, match="not one of"):
+        attention.masked_attention(torch.zeros(1, 1, 1, 4), torch.zeros(1, 1, 1, 4), torch.zeros(1, 1, 1, 4),
+                                   kernel="triton")  # no Triton twin: named, not silently the reference
+
+
+def test_block_covers_n_with_a_power_of_two_of_at_least_16():
+    assert [block(n) for n in (0, 1, 16, 17, 33, 64)] == [16, 16, 16, 32, 64, 64]
+    assert block(3, floor=1) == 4
