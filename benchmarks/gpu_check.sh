@@ -2,7 +2,8 @@
 # One-command GPU check (issue 13), under 8 minutes on one H200: GEM-base and DCNv2-base training-step
 # benchmarks in bf16 with torch.compile on (examples/s, MFU on executed and on full-length FLOPs against
 # the bf16 matmul peak measured in the same run, peak memory), time to first step with a cold and then a
-# warm compile cache, and a 1-process NCCL all-reduce. Prints one table.
+# warm compile cache, a 1-process NCCL all-reduce, and the Triton twins of ops/triton against their
+# references (largest difference, ms forward + backward). Prints one table.
 #
 #   bash benchmarks/gpu_check.sh [OUT_DIR]        # default runs/gpu_check (JSON of every part kept there)
 #
@@ -50,5 +51,9 @@ for round in cold warm; do
   timeout "$LIMIT" "$PY" "${BENCH[@]}" > "$OUT/bench-$round.json" 2> "$OUT/bench-$round.log"
   echo "bench $round: exit $? (log $OUT/bench-$round.log)" >&2
 done
+
+# 4. the Triton twins (ops/triton) against their references at GEM-base's shapes: difference and ms
+timeout 180 "$PY" benchmarks/triton_kernels.py --json "$OUT/triton.json" > "$OUT/triton.log" 2>&1
+echo "triton kernels: exit $? (log $OUT/triton.log)" >&2
 
 "$PY" benchmarks/gpu_check_table.py "$OUT"

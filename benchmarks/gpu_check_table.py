@@ -47,6 +47,14 @@ def table(out: Path) -> str:
                      f"{nccl['seconds']:.2f} s ({nccl['device']}, torch {nccl['torch']})")
     else:
         lines.append(f"NCCL 1-process all-reduce: FAILED (see {out}/nccl.log)")
+    tri = read_json(out / "triton.json")
+    if isinstance(tri, dict) and tri.get("results"):
+        for r in tri["results"]:
+            lines.append(f"triton {r['op']} {r['dtype']}: max |diff| {r['max_abs_diff']:.1e} of "
+                         f"{r['max_abs_value']:.1e}, {r['triton_ms']:.2f} ms vs reference "
+                         f"{r['ref_ms']:.2f} ms (x{r['speedup']:.2f}; {r['shape']})")
+    else:
+        lines.append(f"Triton twins: FAILED (see {out}/triton.log)")
     r0 = next(iter({**cold, **warm}.values()), None)
     if r0 is not None:
         lines.append(f"batch {r0['batch_size']}, {r0['windows']} windows x {r0['steps']} steps, bf16 peak "

@@ -179,6 +179,12 @@ def test_gpu_check_table_from_the_parts_json(tmp_path):
     (tmp_path / "nccl.json").write_text(json.dumps({"ok": True, "seconds": 1.5, "nccl": "2.27.3",
                                                     "device": "NVIDIA H200", "torch": "2.13.0"}))
     assert "ok in 1.50 s" in mod.table(tmp_path)
+    assert "Triton twins: FAILED" in mod.table(tmp_path)  # no triton.json
+    (tmp_path / "triton.json").write_text(json.dumps({"results": [
+        {"op": "fmb", "dtype": "bfloat16", "max_abs_diff": 0.004, "max_abs_value": 8.0, "ref_ms": 3.0,
+         "triton_ms": 1.5, "speedup": 2.0, "shape": "batch 4096"}]}))
+    assert "triton fmb bfloat16: max |diff| 4.0e-03 of 8.0e+00, 1.50 ms vs reference 3.00 ms (x2.00" in \
+        mod.table(tmp_path)
     (tmp_path / "bench-cold.json").write_text("")
     (tmp_path / "bench-warm.json").write_text("not json")
     assert "gem    failed" in mod.table(tmp_path)

@@ -122,3 +122,21 @@ def test_triton_on_cpu_without_the_interpreter_is_an_error_not_a_fallback(monkey
 def test_block_covers_n_with_a_power_of_two_of_at_least_16():
     assert [block(n) for n in (0, 1, 16, 17, 33, 64)] == [16, 16, 16, 32, 64, 64]
     assert block(3, floor=1) == 4
+
+
+def test_the_gpu_check_triton_script_runs_under_the_interpreter(tmp_path):
+    """benchmarks/triton_kernels.py (gpu_check.sh part 4) rarely meets a GPU: run it here, tiny shapes."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "triton_kernels.py"
+    out = tmp_path / "triton.json"
+    env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
+    p = subprocess.run([sys.executable, str(script), "--tiny", "--json", str(out)], env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    res = json.loads(out.read_text())["results"]
+    assert [r["op"] for r in res] == ["jagged_attention", "fmb"]
+    assert all(r["max_abs_diff"] < 1e-4 * max(1.0, r["max_abs_value"]) for r in res)
