@@ -183,8 +183,8 @@ def test_gem_small_fused_equals_reference(gem_small, batch_size, max_seq_len, no
 
 def test_gem_kernel_is_checked_config():
     mcfg, sim = _small_recipe()
-    mcfg.gem.kernel = "triton"
-    with pytest.raises(ConfigError, match=r"model\.gem\.kernel: 'triton' is not one of pytorch, fused"):
+    mcfg.gem.kernel = "cuda"
+    with pytest.raises(ConfigError, match=r"model\.gem\.kernel: 'cuda' is not one of pytorch, fused, triton"):
         build_model(sim_schema(sim), mcfg)
 
 

@@ -140,3 +140,46 @@ def test_the_gpu_check_triton_script_runs_under_the_interpreter(tmp_path):
     res = json.loads(out.read_text())["results"]
     assert [r["op"] for r in res] == ["jagged_attention", "fmb"]
     assert all(r["max_abs_diff"] < 1e-4 * max(1.0, r["max_abs_value"]) for r in res)
+
+
+def test_gem_with_the_triton_kernel_equals_the_fused_model():
+    """``model.gem.kernel = "triton"``: Wukong's FMB runs the Triton kernel, every other block its fused twin,
+    with the same weights and the same numbers (logits, loss and every parameter's grad) as the fused GEM."""
+    import tomllib
+    from pathlib import Path
+
+    from opengem.config import from_dict
+    from opengem.data.random_batch import random_batch
+    from opengem.data.sim_config import SimConfig, sim_schema
+    from opengem.model.heads import masked_bce
+    from opengem.model.registry import ModelConfig, build_model
+    from opengem.model.sequence import use_kernel
+    from opengem.model.wukong import WukongLayer
+    from opengem.ops.kernel import Kernel
+
+    recipe = tomllib.loads((Path(__file__).resolve().parents[1] / "configs" / "small.toml").read_text())
+    sim = SimConfig.from_dict({**recipe["data"]["sim"], "users": 300, "ads": 200, "advertisers": 40})
+    mcfg = from_dict(ModelConfig, recipe["model"], "model")
+    mcfg.gem.kernel = "triton"
+    schema = sim_schema(sim)
+    torch.manual_seed(0)
+    model = build_model(schema, mcfg)
+    kernels = {type(m).__name__: m.kernel for m in model.modules() if hasattr(m, "kernel")}
+    assert kernels.pop("WukongLayer") is Kernel.TRITON and set(kernels.values()) == {Kernel.FUSED}
+    batch = random_batch(schema, 12, seed=5, max_seq_len=5)
+    results = []
+    for kernel in ("fused", "triton"):
+        use_kernel(model, kernel)
+        model.zero_grad()
+        out = model(batch)
+        loss = masked_bce(out.logits, batch.labels, batch.label_mask)
+        loss.backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        results.append((out.logits.detach(), loss.detach(), grads))
+    assert any(isinstance(m, WukongLayer) for m in model.modules())
+    (lf, sf, gf), (lt, st, gt) = results
+    torch.testing.assert_close(lt, lf, atol=ATOL, rtol=RTOL)
+    torch.testing.assert_close(st, sf, atol=ATOL, rtol=RTOL)
+    assert set(gf) == set(gt)
+    for name in gf:
+        torch.testing.assert_close(gt[name], gf[name], atol=ATOL, rtol=RTOL)

@@ -50,7 +50,7 @@ from opengem.model.output import ModelOutput
 from opengem.model.sequence import SequenceEncoder, SequenceEncoderConfig, _pyramid_plan, use_kernel
 from opengem.model.wukong import WukongConfig, WukongStack
 from opengem.ops.jagged import compact, zero_padding
-from opengem.ops.kernel import WITH_FUSED
+from opengem.ops.kernel import WITH_FUSED_AND_TRITON
 from opengem.ops.length_buckets import length_buckets, restore_rows, take_rows
 
 
@@ -63,7 +63,9 @@ class GEMConfig:
     sequence: SequenceEncoderConfig = field(default_factory=SequenceEncoderConfig)
     use_sequences: bool = True  # false = ignore sequence groups: a plain Wukong stack + head
     # ops kernel of every block (opengem.ops.kernel): "fused" = the hand-fused twins (same parameters, same
-    # numbers within fp32 rounding, faster), "pytorch" = the reference ops
+    # numbers within fp32 rounding, faster), "pytorch" = the reference ops, "triton" = the Triton kernels
+    # where a block has one (Wukong's FM product + LayerNorm; CUDA, or TRITON_INTERPRET=1 on CPU for tests)
+    # and the fused twins elsewhere
     kernel: str = "fused"
     # the sequence path on this many buckets of rows of similar history length, each padded to its own
     # longest row, not the batch's (exact; see the module docstring); 1 = the whole batch as one
@@ -78,7 +80,7 @@ def check_sizes(cfg: GEMConfig, d: int, seq_max_len: int | None) -> None:
     reads no sequence (then the [gem.interformer] and [gem.sequence] sizes are not used, and not checked).
     """
     w, f, s = cfg.wukong, cfg.interformer, cfg.sequence
-    check_choice("gem.kernel", cfg.kernel, tuple(k.value for k in WITH_FUSED))
+    check_choice("gem.kernel", cfg.kernel, tuple(k.value for k in WITH_FUSED_AND_TRITON))
     check_at_least("gem.seq_buckets", cfg.seq_buckets, 1)
     if seq_max_len is None:
         layers_key, layers = "gem.wukong.num_layers", w.num_layers

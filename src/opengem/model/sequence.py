@@ -31,7 +31,7 @@ from torch import nn
 from opengem.ops.attention import masked_attention, pooled_attention, rope, rope_positions
 from opengem.ops.cpu_autocast import fp32_under_cpu_autocast
 from opengem.ops.jagged import compact, ensure_nonempty, gather_last, zero_padding
-from opengem.ops.kernel import WITH_FUSED, Kernel, resolve_kernel
+from opengem.ops.kernel import WITH_FUSED, WITH_FUSED_AND_TRITON, Kernel, resolve_kernel
 
 
 def use_kernel(module: nn.Module, kernel: Kernel | str) -> nn.Module:
@@ -39,11 +39,13 @@ def use_kernel(module: nn.Module, kernel: Kernel | str) -> nn.Module:
 
     Kernels never change parameters, so one model can run either path: GEM sets its config's kernel once
     after building, and the equality tests flip the same weights between the reference and the fused twin.
+    ``"triton"`` goes to the blocks that list it in their ``kernels`` (class attribute; default
+    ``WITH_FUSED``); every other block runs its fused twin.
     """
-    k = resolve_kernel(kernel, WITH_FUSED)
+    k = resolve_kernel(kernel, WITH_FUSED_AND_TRITON)
     for m in module.modules():
         if hasattr(m, "kernel"):
-            m.kernel = k
+            m.kernel = k if k in getattr(m, "kernels", WITH_FUSED) else Kernel.FUSED
     return module
 
 # --------------------------------------------------------------------------- attention modules

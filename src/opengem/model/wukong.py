@@ -23,7 +23,7 @@ from torch import nn
 from opengem.model.sequence import MultiHeadAttention
 from opengem.ops import fmb as fmb_ops
 from opengem.ops.cpu_autocast import fp32_under_cpu_autocast
-from opengem.ops.kernel import Kernel
+from opengem.ops.kernel import WITH_FUSED_AND_TRITON, Kernel
 
 
 @dataclass
@@ -76,6 +76,8 @@ def _mlp_flops(dims: list[int]) -> int:
 class WukongLayer(nn.Module):
     """One Wukong layer: n_in tokens -> n_fm + n_lin tokens."""
 
+    kernels = WITH_FUSED_AND_TRITON  # use_kernel: the FM product + LayerNorm have a Triton twin
+
     def __init__(self, n_in: int, d: int, n_fm: int, n_lin: int, cfg: WukongConfig) -> None:
         super().__init__()
         if cfg.k < 1 or n_fm < 1 or n_lin < 0:
@@ -117,8 +119,9 @@ class WukongLayer(nn.Module):
             linears = [m for m in self.mlp if isinstance(m, nn.Linear)]
             fmb = fmb_ops.fmb(x, self._y(x), self.fm_ln.weight, self.fm_ln.bias, [m.weight for m in linears],
                               [m.bias for m in linears], self.fm_ln.eps, kernel=self.kernel)
+        combine_kernel = Kernel.FUSED if self.kernel is Kernel.TRITON else self.kernel  # no Triton combine
         return fmb_ops.combine(fmb.view(B, self.n_fm, self.d), x, self.W_L, self.W_R, self.ln.weight,
-                               self.ln.bias, self.ln.eps, kernel=self.kernel)
+                               self.ln.bias, self.ln.eps, kernel=combine_kernel)
 
     def flops(self) -> int:
         n, d, k = self.n_in, self.d, self.k
