@@ -13,19 +13,13 @@ import torch
 from opengem.model.sequence import use_kernel
 from opengem.model.wukong import WukongConfig, WukongLayer
 from opengem.ops import fmb as fmb_ops
-from twin_helpers import rand, run_fwd_bwd
+from twin_helpers import assert_twins_equal, fmb_inputs, rand, run_fwd_bwd
 
 ATOL, RTOL = 2e-5, 1e-4
 
 
 def _same(ref: tuple, fused: tuple) -> None:
-    (o_ref, g_ref), (o_fused, g_fused) = ref, fused
-    assert o_ref.shape == o_fused.shape
-    torch.testing.assert_close(o_fused, o_ref, atol=ATOL, rtol=RTOL)
-    for a, b in zip(g_ref, g_fused):
-        assert (a is None) == (b is None)
-        if a is not None:
-            torch.testing.assert_close(b, a, atol=ATOL, rtol=RTOL)
+    assert_twins_equal(ref, fused, ATOL, RTOL)
 
 
 def _tokens(B: int, n: int, d: int, zero_rows: tuple[int, ...] = ()) -> torch.Tensor:
@@ -46,18 +40,7 @@ FMB_CASES = [
 
 @pytest.mark.parametrize("B,n,d,k,dims,zero_rows,per_example", FMB_CASES)
 def test_fused_fmb_matches_reference_forward_and_backward(B, n, d, k, dims, zero_rows, per_example):
-    x = _tokens(B, n, d, zero_rows)
-    y = rand(B, n, k, seed=3) if per_example else rand(n, k, seed=3)
-    widths = [n * k, *dims]
-    ws = [rand(o, i, seed=10 + j) / i**0.5 for j, (i, o) in enumerate(zip(widths[:-1], widths[1:]))]
-    bs = [rand(o, seed=20 + j) for j, o in enumerate(widths[1:])]
-    ln_w, ln_b = 1 + 0.1 * rand(n * k, seed=4), 0.1 * rand(n * k, seed=5)
-    L = len(ws)
-
-    def call(kernel: str):  # noqa: ANN202
-        return lambda x, y, lw, lb, *wb: fmb_ops.fmb(x, y, lw, lb, list(wb[:L]), list(wb[L:]), kernel=kernel)
-
-    inputs = [x, y, ln_w, ln_b, *ws, *bs]
+    inputs, call = fmb_inputs(B, n, d, k, dims, zero_rows, per_example)
     _same(run_fwd_bwd(call("pytorch"), inputs), run_fwd_bwd(call("fused"), inputs))
 
 

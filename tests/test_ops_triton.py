@@ -22,7 +22,7 @@ if not torch.cuda.is_available():
 from opengem.ops import attention  # noqa: E402
 from opengem.ops import fmb as fmb_ops
 from opengem.ops.triton import block, require_triton  # noqa: E402
-from twin_helpers import rand, run_fwd_bwd  # noqa: E402
+from twin_helpers import assert_twins_equal, fmb_inputs, rand, run_fwd_bwd  # noqa: E402
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
                                 reason="triton is not installed (requirements/cpu.txt installs it)")
@@ -31,13 +31,7 @@ ATOL, RTOL = 2e-5, 1e-4
 
 
 def _same(ref: tuple, got: tuple) -> None:
-    (o_ref, g_ref), (o_got, g_got) = ref, got
-    assert o_ref.shape == o_got.shape
-    torch.testing.assert_close(o_got, o_ref, atol=ATOL, rtol=RTOL)
-    for a, b in zip(g_ref, g_got):
-        assert (a is None) == (b is None)
-        if a is not None:
-            torch.testing.assert_close(b, a, atol=ATOL, rtol=RTOL)
+    assert_twins_equal(ref, got, ATOL, RTOL)
 
 
 @pytest.mark.parametrize("lengths,dh", [
@@ -89,18 +83,7 @@ def test_triton_fm_product_matches_reference(B, n, d, k, dims, zero_rows, per_ex
 
 @pytest.mark.parametrize("B,n,d,k,dims,zero_rows,per_example", FMB_CASES)
 def test_triton_fmb_matches_reference(B, n, d, k, dims, zero_rows, per_example):
-    x = _x(B, n, d, zero_rows)
-    y = rand(B, n, k, seed=5) if per_example else rand(n, k, seed=5)
-    widths = [n * k, *dims]
-    ws = [rand(o, i, seed=10 + j) / i**0.5 for j, (i, o) in enumerate(zip(widths[:-1], widths[1:]))]
-    bs = [rand(o, seed=20 + j) for j, o in enumerate(widths[1:])]
-    ln_w, ln_b = 1 + 0.1 * rand(n * k, seed=6), 0.1 * rand(n * k, seed=7)
-    L = len(ws)
-
-    def call(kernel: str):  # noqa: ANN202
-        return lambda x, y, lw, lb, *wb: fmb_ops.fmb(x, y, lw, lb, list(wb[:L]), list(wb[L:]), kernel=kernel)
-
-    inputs = [x, y, ln_w, ln_b, *ws, *bs]
+    inputs, call = fmb_inputs(B, n, d, k, dims, zero_rows, per_example)
     _same(run_fwd_bwd(call("pytorch"), inputs), run_fwd_bwd(call("triton"), inputs))
 
 

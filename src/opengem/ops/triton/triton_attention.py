@@ -25,28 +25,63 @@ from opengem.ops.triton import block
 
 
 @triton.jit
+def _tile(P, base, r, rd, r_ok, d_ok, stride_n):
+    """Rows ``r`` x dims ``rd`` of one row's head, zero outside the row and beyond dh."""
+    mask = r_ok[:, None] & d_ok[None, :]
+    return tl.load(P + base + r[:, None] * stride_n + rd[None, :], mask=mask, other=0.0)
+
+
+@triton.jit
+def _store_tile(P, x, base, r, rd, r_ok, d_ok, stride_n):
+    tl.store(P + base + r[:, None] * stride_n + rd[None, :], x.to(P.dtype.element_ty),
+             mask=r_ok[:, None] & d_ok[None, :])
+
+
+@triton.jit
+def _row(OFF, row):
+    start = tl.load(OFF + row)
+    return start, tl.load(OFF + row + 1) - start
+
+
+@triton.jit
+def _probs(q, k, lse, m_ok, n_ok, scale, PREC: tl.constexpr):
+    """The forward's softmax probabilities of a query x key tile, rebuilt from each query's log-sum-exp."""
+    s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale
+    return tl.where(m_ok[:, None] & n_ok[None, :], tl.exp(s - lse[:, None]), 0.0)
+
+
+@triton.jit
+def _query_stats(LSE, DELTA, start, rm, H, head, m_ok):
+    """Each query's log-sum-exp (from the forward) and rowsum(dO * O) (from the backward's prologue)."""
+    at = (start + rm) * H + head
+    return tl.load(LSE + at, mask=m_ok, other=0.0), tl.load(DELTA + at, mask=m_ok, other=0.0)
+
+
+@triton.jit
+def _score_grads(p, do, v, delta, PREC: tl.constexpr):
+    """dL/dS of the scaled scores: P * (dO Vᵀ - rowsum(dO * O))."""
+    return p * (tl.dot(do, tl.trans(v), input_precision=PREC) - delta[:, None])
+
+
+@triton.jit
 def _fwd(Q, K, V, O, LSE, OFF, scale, stride_n, stride_h, H, DH,
          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PREC: tl.constexpr):
     pid_m, row, head = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    start = tl.load(OFF + row)
-    length = tl.load(OFF + row + 1) - start
+    start, length = _row(OFF, row)
     if pid_m * BLOCK_M < length:
         rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         rd = tl.arange(0, BLOCK_D)
-        m_ok = rm < length
-        d_ok = rd < DH
+        m_ok, d_ok = rm < length, rd < DH
         base = start * stride_n + head * stride_h
-        q_mask = m_ok[:, None] & d_ok[None, :]
-        q = tl.load(Q + base + rm[:, None] * stride_n + rd[None, :], mask=q_mask, other=0.0)
+        q = _tile(Q, base, rm, rd, m_ok, d_ok, stride_n)
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
         for n0 in range(0, length, BLOCK_N):
             rn = n0 + tl.arange(0, BLOCK_N)
             n_ok = rn < length
-            kv_mask = n_ok[:, None] & d_ok[None, :]
-            k = tl.load(K + base + rn[:, None] * stride_n + rd[None, :], mask=kv_mask, other=0.0)
-            v = tl.load(V + base + rn[:, None] * stride_n + rd[None, :], mask=kv_mask, other=0.0)
+            k = _tile(K, base, rn, rd, n_ok, d_ok, stride_n)
+            v = _tile(V, base, rn, rd, n_ok, d_ok, stride_n)
             s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale
             s = tl.where(n_ok[None, :], s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -55,8 +90,7 @@ def _fwd(Q, K, V, O, LSE, OFF, scale, stride_n, stride_h, H, DH,
             l_i = l_i * alpha + tl.sum(p, 1)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
             m_i = m_new
-        out = acc / l_i[:, None]
-        tl.store(O + base + rm[:, None] * stride_n + rd[None, :], out.to(O.dtype.element_ty), mask=q_mask)
+        _store_tile(O, acc / l_i[:, None], base, rm, rd, m_ok, d_ok, stride_n)
         tl.store(LSE + (start + rm) * H + head, m_i + tl.log(l_i), mask=m_ok)
 
 
@@ -64,69 +98,53 @@ def _fwd(Q, K, V, O, LSE, OFF, scale, stride_n, stride_h, H, DH,
 def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, OFF, scale, stride_n, stride_h, H, DH,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PREC: tl.constexpr):
     pid_n, row, head = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    start = tl.load(OFF + row)
-    length = tl.load(OFF + row + 1) - start
+    start, length = _row(OFF, row)
     if pid_n * BLOCK_N < length:
         rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         rd = tl.arange(0, BLOCK_D)
-        n_ok = rn < length
-        d_ok = rd < DH
+        n_ok, d_ok = rn < length, rd < DH
         base = start * stride_n + head * stride_h
-        kv_mask = n_ok[:, None] & d_ok[None, :]
-        k = tl.load(K + base + rn[:, None] * stride_n + rd[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(V + base + rn[:, None] * stride_n + rd[None, :], mask=kv_mask, other=0.0)
+        k = _tile(K, base, rn, rd, n_ok, d_ok, stride_n)
+        v = _tile(V, base, rn, rd, n_ok, d_ok, stride_n)
         dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
         dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
         for m0 in range(0, length, BLOCK_M):
             rm = m0 + tl.arange(0, BLOCK_M)
             m_ok = rm < length
-            q_mask = m_ok[:, None] & d_ok[None, :]
-            q = tl.load(Q + base + rm[:, None] * stride_n + rd[None, :], mask=q_mask, other=0.0)
-            do = tl.load(DO + base + rm[:, None] * stride_n + rd[None, :], mask=q_mask, other=0.0)
-            lse = tl.load(LSE + (start + rm) * H + head, mask=m_ok, other=0.0)
-            delta = tl.load(DELTA + (start + rm) * H + head, mask=m_ok, other=0.0)
-            s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale
-            p = tl.where(m_ok[:, None] & n_ok[None, :], tl.exp(s - lse[:, None]), 0.0)
+            q = _tile(Q, base, rm, rd, m_ok, d_ok, stride_n)
+            do = _tile(DO, base, rm, rd, m_ok, d_ok, stride_n)
+            lse, delta = _query_stats(LSE, DELTA, start, rm, H, head, m_ok)
+            p = _probs(q, k, lse, m_ok, n_ok, scale, PREC)
             dv += tl.dot(tl.trans(p).to(do.dtype), do, input_precision=PREC)
-            dp = tl.dot(do, tl.trans(v), input_precision=PREC)
-            ds = p * (dp - delta[:, None])
+            ds = _score_grads(p, do, v, delta, PREC)
             dk += tl.dot(tl.trans(ds).to(q.dtype), q, input_precision=PREC)
-        kv_ptr = base + rn[:, None] * stride_n + rd[None, :]
-        tl.store(DK + kv_ptr, (dk * scale).to(DK.dtype.element_ty), mask=kv_mask)
-        tl.store(DV + kv_ptr, dv.to(DV.dtype.element_ty), mask=kv_mask)
+        _store_tile(DK, dk * scale, base, rn, rd, n_ok, d_ok, stride_n)
+        _store_tile(DV, dv, base, rn, rd, n_ok, d_ok, stride_n)
 
 
 @triton.jit
 def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, OFF, scale, stride_n, stride_h, H, DH,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PREC: tl.constexpr):
     pid_m, row, head = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    start = tl.load(OFF + row)
-    length = tl.load(OFF + row + 1) - start
+    start, length = _row(OFF, row)
     if pid_m * BLOCK_M < length:
         rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         rd = tl.arange(0, BLOCK_D)
-        m_ok = rm < length
-        d_ok = rd < DH
+        m_ok, d_ok = rm < length, rd < DH
         base = start * stride_n + head * stride_h
-        q_mask = m_ok[:, None] & d_ok[None, :]
-        q = tl.load(Q + base + rm[:, None] * stride_n + rd[None, :], mask=q_mask, other=0.0)
-        do = tl.load(DO + base + rm[:, None] * stride_n + rd[None, :], mask=q_mask, other=0.0)
-        lse = tl.load(LSE + (start + rm) * H + head, mask=m_ok, other=0.0)
-        delta = tl.load(DELTA + (start + rm) * H + head, mask=m_ok, other=0.0)
+        q = _tile(Q, base, rm, rd, m_ok, d_ok, stride_n)
+        do = _tile(DO, base, rm, rd, m_ok, d_ok, stride_n)
+        lse, delta = _query_stats(LSE, DELTA, start, rm, H, head, m_ok)
         dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
         for n0 in range(0, length, BLOCK_N):
             rn = n0 + tl.arange(0, BLOCK_N)
             n_ok = rn < length
-            kv_mask = n_ok[:, None] & d_ok[None, :]
-            k = tl.load(K + base + rn[:, None] * stride_n + rd[None, :], mask=kv_mask, other=0.0)
-            v = tl.load(V + base + rn[:, None] * stride_n + rd[None, :], mask=kv_mask, other=0.0)
-            s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale
-            p = tl.where(m_ok[:, None] & n_ok[None, :], tl.exp(s - lse[:, None]), 0.0)
-            dp = tl.dot(do, tl.trans(v), input_precision=PREC)
-            ds = p * (dp - delta[:, None])
+            k = _tile(K, base, rn, rd, n_ok, d_ok, stride_n)
+            v = _tile(V, base, rn, rd, n_ok, d_ok, stride_n)
+            p = _probs(q, k, lse, m_ok, n_ok, scale, PREC)
+            ds = _score_grads(p, do, v, delta, PREC)
             dq += tl.dot(ds.to(k.dtype), k, input_precision=PREC)
-        q_ptr = base + rm[:, None] * stride_n + rd[None, :]
-        tl.store(DQ + q_ptr, (dq * scale).to(DQ.dtype.element_ty), mask=q_mask)
+        _store_tile(DQ, dq * scale, base, rm, rd, m_ok, d_ok, stride_n)
 
 
 def _launch_args(q: torch.Tensor, max_len: int) -> dict[str, Any]:
