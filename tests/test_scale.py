@@ -283,3 +283,15 @@ def test_isoflop_configs_load_and_round_trip(tmp_path, budget):
     assert load_isoflop_config(tmp_path / "iso.toml") == cfg
     with_din = load_isoflop_config(default_config_path(budget), families=["gem", "din"])
     assert [f.name for f in with_din.families] == ["gem", "din"]
+
+
+def test_welch_difference_of_two_families_frontier_seeds():
+    from opengem.bench.isoflop_report import welch_difference
+
+    r = welch_difference([0.80, 0.81, 0.79], [0.85, 0.86, 0.84])  # se 0.008165, df 4, t 2.776
+    assert abs(r["diff"] + 0.05) < 1e-12 and r["excludes_zero"]
+    assert abs(r["ci95"][0] + 0.05 + 2.776 * 0.0081650) < 1e-4 and abs(r["ci95"][1] + 0.05 - 0.0226663) < 1e-4
+    r = welch_difference([1.0, 2.0, 3.0], [0.0, 0.0, 0.0])  # all the variance on one side: df 2, t 4.303
+    assert abs(r["ci95"][0] - (2 - 4.303 * (1 / 3) ** 0.5)) < 1e-3 and not r["excludes_zero"]
+    assert welch_difference([0.9], [0.8, 0.85])["ci95"][0] != welch_difference([0.9], [0.8, 0.85])["ci95"][0]
+    assert welch_difference([], [0.8])["excludes_zero"] is False

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from opengem.bench.fit import PowerLaw, fit_power_law, mean_ci, percentile_interval
+from opengem.bench.fit import PowerLaw, fit_power_law, mean_ci, percentile_interval, t975
 from opengem.bench.size_ladder import metric_keys
 
 POOLED_BOUNDS = (0.95, 1.05)
@@ -135,6 +135,9 @@ def summarize_study(cfg: Any, st: Any, records: list[dict[str, Any]], lr_choice:
                              if needed == needed else None})
             efficiency[fam] = rows
     gap = _gap_closed(frontier, oracle_keys, keys)
+    differences = {fam: [welch_difference(p_ref["ne_seeds"], p["ne_seeds"])
+                         for p_ref, p in zip(frontier[ref], fr)]
+                   for fam, fr in frontier.items() if fam != ref} if ref in frontier else {}
     lr_transfer = {fam: (min(chk, key=lambda k: chk[k] if chk[k] == chk[k] else math.inf)
                          == format(lr_choice[fam], "g")) for fam, chk in lr_check.items()}
     return {
@@ -148,11 +151,33 @@ def summarize_study(cfg: Any, st: Any, records: list[dict[str, Any]], lr_choice:
                "chosen_still_best_at_largest": lr_transfer},
         "frontier": frontier, "fits": {k: (v.to_dict() if v else None) for k, v in fits.items()},
         "efficiency_reference": ref, "efficiency": efficiency, "gap_closed_vs_dlrm": gap,
+        "difference_vs_reference": differences,
         "compute_optimal": {f: [{k: p[k] for k in OPTIMAL_KEYS} for p in fr] for f, fr in frontier.items()},
         "isoflop_curves": curves, "runs": len(records),
         "plan": [{k: getattr(p, k) for k in ("family", "size", "budget", "fwd_flops", "steps", "examples")}
                  for p in plan],
     }
+
+
+def welch_difference(a: list[float], b: list[float]) -> dict[str, Any]:
+    """mean(a) - mean(b) with its 95 % Welch t interval (unequal variances, Welch-Satterthwaite degrees of
+    freedom rounded down). Seed s gives two families the same row order but different sizes read different
+    rows, so the seeds are treated as independent runs rather than pairs: the wider, conservative choice."""
+    x = np.asarray([v for v in a if v == v], dtype=np.float64)
+    y = np.asarray([v for v in b if v == v], dtype=np.float64)
+    if x.size == 0 or y.size == 0:
+        return {"diff": float("nan"), "ci95": [float("nan"), float("nan")], "excludes_zero": False}
+    diff = float(x.mean() - y.mean())
+    if x.size < 2 or y.size < 2:
+        return {"diff": diff, "ci95": [float("nan"), float("nan")], "excludes_zero": False}
+    vx, vy = x.var(ddof=1) / x.size, y.var(ddof=1) / y.size
+    se = math.sqrt(vx + vy)
+    if se == 0.0:
+        return {"diff": diff, "ci95": [diff, diff], "excludes_zero": diff != 0.0}
+    df = (vx + vy) ** 2 / (vx**2 / (x.size - 1) + vy**2 / (y.size - 1))
+    half = t975(max(1, int(df))) * se
+    lo, hi = diff - half, diff + half
+    return {"diff": diff, "ci95": [lo, hi], "excludes_zero": bool(lo > 0 or hi < 0)}
 
 
 def _bootstrap_means(seeds_ne: dict[str, list[list[float]]], n: int, rng: np.random.Generator
@@ -261,6 +286,14 @@ def format_study(res: dict[str, Any]) -> str:
                          + f" [95 % {_fmt(r['ci95'][0], '.3g')}, {_fmt(r['ci95'][1], '.3g')}]{tag}"
                          + (f", never reached in {r['unreachable_share']:.1%} of resamples"
                             if r["unreachable_share"] else ""))
+    if res.get("difference_vs_reference"):
+        lines += ["", f"{ref} minus each family on the frontier (test NE; < 0 = {ref} better; 95 % Welch t "
+                      "interval over the seeds; * = excludes 0):"]
+        for fam, rows in res["difference_vs_reference"].items():
+            lines.append(f"  {fam:<7}" + "  ".join(
+                f"C={res['budgets'][b]:.2e} {_fmt(r['diff'], '+.4f')} [{_fmt(r['ci95'][0], '+.4f')}, "
+                f"{_fmt(r['ci95'][1], '+.4f')}]" + ("*" if r["excludes_zero"] else "")
+                for b, r in enumerate(rows)))
     lines += ["", "iso-FLOP curves (test NE per size, seed 0; * = compute-optimal by validation):"]
     for fam, per_b in res["isoflop_curves"].items():
         for b, pts in enumerate(per_b):
