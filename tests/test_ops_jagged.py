@@ -257,19 +257,23 @@ def test_every_public_op_takes_kernel_and_dispatches_or_raises():
         b = fn(*args[name], kernel=Kernel.PYTORCH)
         for x, y in zip(a if isinstance(a, tuple) else (a,), b if isinstance(b, tuple) else (b,)):
             assert torch.equal(x, y), name
-        for bad in ("triton", "compiled", "PyTorch", ""):
+        for bad in ("compiled", "PyTorch", "", *(() if name in TRITON_TWINS else ("triton",))):
             with pytest.raises(ValueError, match=r"kernel .* is not one of: pytorch"):
                 fn(*args[name], kernel=bad)
+        if name in TRITON_TWINS:  # runs in Triton's interpreter here (tests/test_ops_triton.py checks it)
+            c = fn(*args[name], kernel="triton")
+            torch.testing.assert_close(c, a, atol=1e-5, rtol=1e-4)
         if name in FUSED_TWINS:  # the twin runs and agrees (tests/test_ops_fused.py checks it thoroughly)
             c = fn(*args[name], kernel="fused")
             for x, y in zip(a if isinstance(a, tuple) else (a,), c if isinstance(c, tuple) else (c,)):
                 torch.testing.assert_close(y, x, atol=1e-5, rtol=1e-4)
         else:  # no silent fallback to the reference
-            with pytest.raises(ValueError, match=r"kernel 'fused' is not one of: pytorch$"):
+            with pytest.raises(ValueError, match=r"kernel 'fused' is not one of: pytorch(, triton)?$"):
                 fn(*args[name], kernel="fused")
 
 
 FUSED_TWINS = {"attention.rope", "attention.rope_positions"}
+TRITON_TWINS = {"attention.jagged_attention"}
 
 
 def test_resolve_kernel():

@@ -32,6 +32,18 @@ def require_triton(*tensors: torch.Tensor) -> None:
                            "tests)")
     if interpreting() and any(t.is_cuda for t in tensors):
         raise RuntimeError("TRITON_INTERPRET=1 runs Triton on CPU tensors; these are on CUDA")
+    if interpreting() and not _imported_interpreted():
+        raise RuntimeError("TRITON_INTERPRET=1 was set after triton was imported (importing torch imports "
+                           "it), so Triton's own library is compiled-mode: set it in the environment before "
+                           "Python starts")
+
+
+def _imported_interpreted() -> bool:
+    """Was triton imported under the interpreter? Its library functions (``tl.sum``) were wrapped then."""
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return isinstance(tl.sum, InterpretedFunction)
 
 
 def block(n: int, floor: int = 16) -> int:
