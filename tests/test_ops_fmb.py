@@ -13,20 +13,13 @@ import torch
 from opengem.model.sequence import use_kernel
 from opengem.model.wukong import WukongConfig, WukongLayer
 from opengem.ops import fmb as fmb_ops
-from twin_helpers import assert_twins_equal, fmb_inputs, rand, run_fwd_bwd
+from twin_helpers import assert_twins_equal, fmb_inputs, rand, run_fwd_bwd, tokens
 
 ATOL, RTOL = 2e-5, 1e-4
 
 
 def _same(ref: tuple, fused: tuple) -> None:
     assert_twins_equal(ref, fused, ATOL, RTOL)
-
-
-def _tokens(B: int, n: int, d: int, zero_rows: tuple[int, ...] = ()) -> torch.Tensor:
-    x = rand(B, n, d, seed=B * 100 + n)
-    for r in zero_rows:
-        x[r] = 0.0
-    return x
 
 
 # (B, n, d, k, mlp dims after the input, zero rows, per-example y)
@@ -52,7 +45,7 @@ def test_fused_fmb_matches_reference_forward_and_backward(B, n, d, k, dims, zero
     (0, 9, 4, 3, 2, True, ()),  # an empty batch
 ])
 def test_fused_combine_matches_reference_forward_and_backward(B, n, d, n_fm, n_lin, residual_map, zero_rows):
-    x = _tokens(B, n, d, zero_rows)
+    x = tokens(B, n, d, zero_rows)
     f = rand(B, n_fm, d, seed=6)
     w_lin = rand(n_lin, n, seed=7)
     w_res = rand(n_fm + n_lin, n, seed=8) if residual_map else None
@@ -89,7 +82,7 @@ def test_wukong_layer_same_numbers_under_both_kernels(attentive):
     torch.manual_seed(0)
     cfg = WukongConfig(n_fm=4, n_lin=3, k=3, mlp_dims=[16], input_attentive_y=attentive, y_hidden=8)
     layer = WukongLayer(9, 8, 4, 3, cfg)
-    x = _tokens(5, 9, 8, zero_rows=(2,))
+    x = tokens(5, 9, 8, zero_rows=(2,))
     results = []
     for kernel in ("pytorch", "fused"):
         use_kernel(layer, kernel)
@@ -104,6 +97,6 @@ def test_fused_wukong_layer_compiles_as_one_graph():
     Wukong layer (the per-layer compiled region of issue 13)."""
     torch.manual_seed(0)
     layer = use_kernel(WukongLayer(9, 8, 4, 3, WukongConfig(n_fm=4, n_lin=3, k=3, mlp_dims=[16])), "fused")
-    x = _tokens(5, 9, 8)
+    x = tokens(5, 9, 8)
     compiled = torch.compile(layer, fullgraph=True, dynamic=False, backend="eager")
     torch.testing.assert_close(compiled(x), layer(x))

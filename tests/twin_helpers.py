@@ -21,6 +21,14 @@ def run_fwd_bwd(fn: Callable[..., torch.Tensor], inputs: list, seed: int = 7
     return out.detach(), [None if x is None else x.grad for x in leaves]
 
 
+def tokens(B: int, n: int, d: int, zero_rows: tuple[int, ...] = ()) -> torch.Tensor:
+    """Random token batches [B, n, d] whose examples ``zero_rows`` are all zero (LayerNorm's variance 0)."""
+    x = rand(B, n, d, seed=B * 100 + n)
+    for r in zero_rows:
+        x[r] = 0.0
+    return x
+
+
 def assert_twins_equal(ref: tuple, got: tuple, atol: float, rtol: float) -> None:
     """``run_fwd_bwd`` results of a reference and its twin: same output, and the same gradient (or None)
     for every input."""
@@ -39,9 +47,7 @@ def fmb_inputs(B: int, n: int, d: int, k: int, dims: list[int], zero_rows: tuple
     Y, the LayerNorm affine, MLP weights and biases) and, per kernel name, a function of those inputs."""
     from opengem.ops import fmb as fmb_ops
 
-    x = rand(B, n, d, seed=B * 100 + n)
-    for r in zero_rows:
-        x[r] = 0.0
+    x = tokens(B, n, d, zero_rows)
     y = rand(B, n, k, seed=3) if per_example else rand(n, k, seed=3)
     widths = [n * k, *dims]
     ws = [rand(o, i, seed=10 + j) / i**0.5 for j, (i, o) in enumerate(zip(widths[:-1], widths[1:]))]
