@@ -25,8 +25,8 @@ pytestmark = [
                        reason="triton is not installed (requirements/cpu.txt installs it)"),
     pytest.mark.skipif(not interpreting(),
                        reason="TRITON_INTERPRET is set to 0 in this environment, and the Triton twins run "
-                              "on CPU only in Triton's interpreter: unset it (tests/conftest.py then sets 1), "
-                              "or time them on a GPU with benchmarks/triton_kernels.py"),
+                              "on CPU only in Triton's interpreter: unset it (tests/conftest.py then sets "
+                              "1), or time them on a GPU with benchmarks/triton_kernels.py"),
 ]
 
 ATOL, RTOL = 2e-5, 1e-4

@@ -23,6 +23,7 @@ import torch
 from opengem.ops.fused import fused_attention
 from opengem.ops.kernel import WITH_FUSED, WITH_TRITON, Kernel, resolve_kernel
 from opengem.ops.pytorch import pt_attention, pt_jagged
+from opengem.ops.triton import kernels as triton_kernels
 
 
 def safe_key_mask(mask: torch.Tensor, *, kernel: Kernel | str = Kernel.PYTORCH) -> torch.Tensor:
@@ -91,12 +92,7 @@ def jagged_attention(
     if offsets is None:
         offsets = pt_jagged.lengths_to_offsets(lengths)
     if which is Kernel.TRITON:
-        from opengem.ops.triton import require_triton
-
-        require_triton(q, k, v)
-        from opengem.ops.triton import triton_attention  # after the check: @triton.jit reads TRITON_INTERPRET
-
-        return triton_attention.jagged_attention(q, k, v, offsets, max_len)
+        return triton_kernels("triton_attention", q, k, v).jagged_attention(q, k, v, offsets, max_len)
     return pt_attention.jagged_attention(q, k, v, offsets, lengths, max_len)
 
 

@@ -16,13 +16,14 @@ import torch
 from opengem.ops.fused import fused_fmb
 from opengem.ops.kernel import WITH_FUSED, WITH_FUSED_AND_TRITON, Kernel, resolve_kernel
 from opengem.ops.pytorch import pt_fmb
+from opengem.ops.triton import kernels as triton_kernels
 
 
 def fm_product(x: torch.Tensor, y: torch.Tensor, *, kernel: Kernel | str = Kernel.PYTORCH) -> torch.Tensor:
     """X · (Xᵀ Y) -> [B, n, k] for x [B, n, d] and y [n, k] (shared) or [B, n, k] (input-attentive)."""
     which = resolve_kernel(kernel, WITH_FUSED_AND_TRITON)
     if which is Kernel.TRITON:
-        return _triton_fmb(x, y).fm_product(x, y)
+        return triton_kernels("triton_fmb", x, y).fm_product(x, y)
     if which is Kernel.FUSED:
         return fused_fmb.fm_product(x, y)
     return pt_fmb.fm_product(x, y)
@@ -46,21 +47,12 @@ def fmb(
                          f"(got {len(weights)} weights, {len(biases)} biases)")
     which = resolve_kernel(kernel, WITH_FUSED_AND_TRITON)
     if which is Kernel.TRITON:
-        h = _triton_fmb(x, y, ln_weight, ln_bias).fm_layer_norm(x, y, ln_weight, ln_bias, eps)
+        fused_ln = triton_kernels("triton_fmb", x, y, ln_weight, ln_bias).fm_layer_norm
+        h = fused_ln(x, y, ln_weight, ln_bias, eps)
         return fused_fmb.mlp(h, weights, biases)
     if which is Kernel.FUSED:
         return fused_fmb.fmb(x, y, ln_weight, ln_bias, weights, biases, eps)
     return pt_fmb.fmb(x, y, ln_weight, ln_bias, weights, biases, eps)
-
-
-def _triton_fmb(*tensors: torch.Tensor):  # noqa: ANN202 (a module)
-    """:mod:`opengem.ops.triton.triton_fmb`, imported only once Triton is known to run on these tensors."""
-    from opengem.ops.triton import require_triton
-
-    require_triton(*tensors)
-    from opengem.ops.triton import triton_fmb
-
-    return triton_fmb
 
 
 def combine(

@@ -9,8 +9,10 @@ must not measure the reference while believing it measured Triton.
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
+from types import ModuleType
 
 import torch
 
@@ -44,6 +46,13 @@ def _imported_interpreted() -> bool:
     from triton.runtime.interpreter import InterpretedFunction
 
     return isinstance(tl.sum, InterpretedFunction)
+
+
+def kernels(name: str, *tensors: torch.Tensor) -> ModuleType:
+    """``opengem.ops.triton.<name>`` (e.g. ``"triton_fmb"``), imported only after :func:`require_triton` has
+    passed for these tensors: the import is where ``@triton.jit`` decides between GPU and interpreter."""
+    require_triton(*tensors)
+    return importlib.import_module(f"{__name__}.{name}")
 
 
 def block(n: int, floor: int = 16) -> int:
