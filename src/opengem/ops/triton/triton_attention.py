@@ -38,9 +38,16 @@ def _store_tile(P, x, base, r, rd, r_ok, d_ok, stride_n):
 
 
 @triton.jit
-def _row(OFF, row):
+def _program(OFF, DH, stride_n, stride_h, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr):
+    """This program's (block, row, head): the row's first event and length, the block's event indices
+    ``r`` and dims ``rd`` with their masks, and the offset of (row, head) in the packed [N, H, dh] tensors.
+    The block is active when ``r0 < length``."""
+    pid, row, head = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     start = tl.load(OFF + row)
-    return start, tl.load(OFF + row + 1) - start
+    length = tl.load(OFF + row + 1) - start
+    r0 = pid * BLOCK
+    r, rd = r0 + tl.arange(0, BLOCK), tl.arange(0, BLOCK_D)
+    return start, length, head, r0, r, rd, r < length, rd < DH, start * stride_n + head * stride_h
 
 
 @triton.jit
@@ -66,13 +73,9 @@ def _score_grads(p, do, v, delta, PREC: tl.constexpr):
 @triton.jit
 def _fwd(Q, K, V, O, LSE, OFF, scale, stride_n, stride_h, H, DH,
          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PREC: tl.constexpr):
-    pid_m, row, head = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    start, length = _row(OFF, row)
-    if pid_m * BLOCK_M < length:
-        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        rd = tl.arange(0, BLOCK_D)
-        m_ok, d_ok = rm < length, rd < DH
-        base = start * stride_n + head * stride_h
+    start, length, head, r0, rm, rd, m_ok, d_ok, base = _program(OFF, DH, stride_n, stride_h, BLOCK_M,
+                                                               BLOCK_D)
+    if r0 < length:
         q = _tile(Q, base, rm, rd, m_ok, d_ok, stride_n)
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -97,13 +100,9 @@ def _fwd(Q, K, V, O, LSE, OFF, scale, stride_n, stride_h, H, DH,
 @triton.jit
 def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, OFF, scale, stride_n, stride_h, H, DH,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PREC: tl.constexpr):
-    pid_n, row, head = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    start, length = _row(OFF, row)
-    if pid_n * BLOCK_N < length:
-        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        rd = tl.arange(0, BLOCK_D)
-        n_ok, d_ok = rn < length, rd < DH
-        base = start * stride_n + head * stride_h
+    start, length, head, r0, rn, rd, n_ok, d_ok, base = _program(OFF, DH, stride_n, stride_h, BLOCK_N,
+                                                               BLOCK_D)
+    if r0 < length:
         k = _tile(K, base, rn, rd, n_ok, d_ok, stride_n)
         v = _tile(V, base, rn, rd, n_ok, d_ok, stride_n)
         dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
@@ -125,13 +124,9 @@ def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, OFF, scale, stride_n, stride_h, H
 @triton.jit
 def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, OFF, scale, stride_n, stride_h, H, DH,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PREC: tl.constexpr):
-    pid_m, row, head = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    start, length = _row(OFF, row)
-    if pid_m * BLOCK_M < length:
-        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        rd = tl.arange(0, BLOCK_D)
-        m_ok, d_ok = rm < length, rd < DH
-        base = start * stride_n + head * stride_h
+    start, length, head, r0, rm, rd, m_ok, d_ok, base = _program(OFF, DH, stride_n, stride_h, BLOCK_M,
+                                                               BLOCK_D)
+    if r0 < length:
         q = _tile(Q, base, rm, rd, m_ok, d_ok, stride_n)
         do = _tile(DO, base, rm, rd, m_ok, d_ok, stride_n)
         lse, delta = _query_stats(LSE, DELTA, start, rm, H, head, m_ok)
