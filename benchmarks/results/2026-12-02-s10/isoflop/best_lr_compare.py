@@ -8,9 +8,9 @@ import json
 import sys
 from pathlib import Path
 
+from opengem.bench.fit import mean_ci
 from opengem.bench.isoflop import selection_ne
 from opengem.bench.isoflop_report import welch_difference
-from opengem.bench.fit import mean_ci
 
 runs = Path(sys.argv[1])
 groups = {"gem (frontier, lr 3e-3)": "gem-s0-b3-lr0.003-seed{}",
@@ -22,12 +22,19 @@ ne, cal = {}, {}
 for g, pat in groups.items():
     recs = [json.loads((runs / pat.format(s) / "result.json").read_text()) for s in range(3)]
     ne[g] = [selection_ne(r["test"], "tasks") for r in recs]
-    cal[g] = [(r["test"]["all/click"].get("calibration"), r["test"]["all/conversion"].get("calibration")) for r in recs]
+    cal[g] = [(r["test"]["all/click"].get("calibration"), r["test"]["all/conversion"].get("calibration"))
+              for r in recs]
 gem = next(iter(ne))
-print("| runs at C = 1.58e12 (s0 of each ladder) | test NE per seed | mean ± 95 % | GEM minus it [95 % Welch] | pooled calibration click / conversion (mean) |")
+print("| runs at C = 1.58e12 (s0 of each ladder) | test NE per seed | mean ± 95 % "
+      "| GEM minus it [95 % Welch] | pooled calibration click / conversion (mean) |")
 print("|---|---|---|---|---|")
 for g, v in ne.items():
     m, h = mean_ci(v)
-    d = "" if g == gem else (lambda r: f"{r['diff']:+.4f} [{r['ci95'][0]:+.4f}, {r['ci95'][1]:+.4f}]" + (" *" if r["excludes_zero"] else ""))(welch_difference(ne[gem], v))
+    d = ""
+    if g != gem:
+        r = welch_difference(ne[gem], v)
+        d = f"{r['diff']:+.4f} [{r['ci95'][0]:+.4f}, {r['ci95'][1]:+.4f}]"
+        d += " *" if r["excludes_zero"] else ""
     cc = [sum(c[i] for c in cal[g]) / 3 for i in (0, 1)]
-    print(f"| {g} | {', '.join(f'{x:.4f}' for x in v)} | {m:.4f} ± {h:.4f} | {d} | {cc[0]:.3f} / {cc[1]:.3f} |")
+    seeds = ", ".join(f"{x:.4f}" for x in v)
+    print(f"| {g} | {seeds} | {m:.4f} ± {h:.4f} | {d} | {cc[0]:.3f} / {cc[1]:.3f} |")

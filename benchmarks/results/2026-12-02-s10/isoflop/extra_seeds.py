@@ -6,8 +6,15 @@
 import sys
 from pathlib import Path
 
-from opengem.bench.isoflop import (default_config_path, load_isoflop_config, plan_grid, prepare_study,
-                                   run_name, train_and_test, _batch_size)
+from opengem.bench.isoflop import (
+    _batch_size,
+    default_config_path,
+    load_isoflop_config,
+    plan_grid,
+    prepare_study,
+    run_name,
+    train_and_test,
+)
 
 fam_name, lr, seeds = sys.argv[1], float(sys.argv[2]), [int(s) for s in sys.argv[3].split(",")]
 out = Path("/work/s10/isorun/out")
@@ -20,6 +27,6 @@ size = 0
 p = next(q for q in plan if q.family == fam_name and q.size == size and q.budget == last)
 for seed in seeds:
     name = run_name(fam_name, size, last, lr, seed)
-    rec, trained = train_and_test(st.run_config(fam, size, p.steps, lr, seed), out / "runs" / name, st.test_spec,
-                                  cfg.eval_rows)
+    rec, trained = train_and_test(st.run_config(fam, size, p.steps, lr, seed), out / "runs" / name,
+                                  st.test_spec, cfg.eval_rows)
     print(name, "trained" if trained else "reused", "valid", rec["valid"]["all/click"]["ne"], flush=True)
