@@ -13,6 +13,7 @@ import torch
 from opengem.model.sequence import use_kernel
 from opengem.model.wukong import WukongConfig, WukongLayer
 from opengem.ops import fmb as fmb_ops
+from opengem.ops.onednn import onednn_linear
 from twin_helpers import assert_twins_equal, fmb_inputs, rand, run_fwd_bwd, tokens
 
 ATOL, RTOL = 2e-5, 1e-4
@@ -100,3 +101,18 @@ def test_fused_wukong_layer_compiles_as_one_graph():
     x = tokens(5, 9, 8)
     compiled = torch.compile(layer, fullgraph=True, dynamic=False, backend="eager")
     torch.testing.assert_close(compiled(x), layer(x))
+
+
+@pytest.mark.skipif(not onednn_linear.available(), reason="this torch has no oneDNN (mkldnn)")
+@pytest.mark.parametrize("B,n,d,k,dims,zero_rows,per_example",
+                         [*FMB_CASES, (64, 24, 32, 8, [512, 256], (3,), False)])  # every layer >= MIN_MACS
+def test_fused_fmb_with_onednn_mlp_matches_reference_forward_and_backward(B, n, d, k, dims, zero_rows,
+                                                                          per_example):
+    """``train.cpu_linear = onednn`` runs the fused FMB's MLP products through oneDNN: same math."""
+    inputs, call = fmb_inputs(B, n, d, k, dims, zero_rows, per_example)
+    L = len(dims)
+
+    def onednn(x, y, lw, lb, *wb):
+        return fmb_ops.fmb(x, y, lw, lb, list(wb[:L]), list(wb[L:]), kernel="fused", linear_kernel="onednn")
+
+    _same(run_fwd_bwd(call("pytorch"), inputs), run_fwd_bwd(onednn, inputs))

@@ -139,15 +139,20 @@ print(json.dumps(s))
 
 def run_opengem(spec: str, flat: Path, work: Path, args: argparse.Namespace) -> dict:
     """opengem's own trainer on the flat dataset: DMP + fused row-wise Adagrad for tables, AdamW dense.
-    ``spec`` is a model name, or ``name@bf16`` for ``train.precision = "bf16"`` (autocast, fp32 master
-    weights)."""
-    model, _, precision = spec.partition("@")
+    ``spec`` is a model name with optional ``@`` modifiers: ``@bf16`` for ``train.precision = "bf16"``
+    (autocast, fp32 master weights), ``@blas`` for ``train.cpu_linear = "pytorch"`` (fp32 dense layers on
+    PyTorch's BLAS instead of the default ``auto``, which takes oneDNN where it is faster)."""
+    model, *mods = spec.split("@")
+    unknown = set(mods) - {"bf16", "blas"}
+    if unknown:
+        raise SystemExit(f"--opengem {spec}: unknown modifier(s) {', '.join(sorted(unknown))} (bf16, blas)")
+    precision = "bf16" if "bf16" in mods else "fp32"
     mlp = "[" + ",".join(map(str, args.mlp)) + "]"
     ov = [f"model.name={model}", f"model.embedding.d={args.emb_dim}", f"data.batch_size={args.batch_size}",
           "data.eval_batch_size=8192", "train.steps=0", "train.epochs=1", f"train.lr={args.lr}",
           "train.warmup_steps=0", f"train.threads={args.threads}", "train.progress=false",
           "train.log_every=50", "model.head.hidden=[]", "model.head.adapter_dim=0",
-          f"train.precision={precision or 'fp32'}"]
+          f"train.precision={precision}", f"train.cpu_linear={'pytorch' if 'blas' in mods else 'auto'}"]
     cfg = ""
     if model == "dcnv2":
         ov += [f"model.dcnv2.num_cross_layers={args.cross_layers}", f"model.dcnv2.deep_mlp={mlp}",
@@ -217,7 +222,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--peers", default=",".join(PEERS), help="comma-separated subset (or '' for none)")
     ap.add_argument("--opengem", default="dcnv2,gem",
-                    help="opengem models to train, NAME or NAME@bf16 ('' for none)")
+                    help="opengem models to train, NAME[@bf16][@blas] ('' for none)")
     ap.add_argument("--work", type=Path, default=Path("/tmp/opengem-peers"))
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per training")
     ap.add_argument("--repeats", type=int, default=1, help="interleaved rounds; the table gives the median")

@@ -99,6 +99,7 @@ class WukongLayer(nn.Module):
         self.ln = nn.LayerNorm(d)
         self.dropout = cfg.dropout
         self.kernel = Kernel.PYTORCH  # the ops kernel (opengem.ops.fmb); GEM sets it via use_kernel
+        self.linear_kernel = Kernel.PYTORCH  # the MLP's products (opengem.ops.linear; train.cpu_linear)
 
     def _y(self, x: torch.Tensor) -> torch.Tensor:
         if self.y_mlp is None:
@@ -118,7 +119,8 @@ class WukongLayer(nn.Module):
         else:
             linears = [m for m in self.mlp if isinstance(m, nn.Linear)]
             fmb = fmb_ops.fmb(x, self._y(x), self.fm_ln.weight, self.fm_ln.bias, [m.weight for m in linears],
-                              [m.bias for m in linears], self.fm_ln.eps, kernel=self.kernel)
+                              [m.bias for m in linears], self.fm_ln.eps, kernel=self.kernel,
+                              linear_kernel=self.linear_kernel)
         combine_kernel = Kernel.FUSED if self.kernel is Kernel.TRITON else self.kernel  # no Triton combine
         return fmb_ops.combine(fmb.view(B, self.n_fm, self.d), x, self.W_L, self.W_R, self.ln.weight,
                                self.ln.bias, self.ln.eps, kernel=combine_kernel)

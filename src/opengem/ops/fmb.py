@@ -39,9 +39,12 @@ def fmb(
     eps: float = 1e-5,
     *,
     kernel: Kernel | str = Kernel.PYTORCH,
+    linear_kernel: Kernel | str = Kernel.PYTORCH,
 ) -> torch.Tensor:
     """FMB output [B, out] = MLP(LN(flatten(X · (Xᵀ Y)))), ReLU between MLP layers (``weights[i]`` is
-    [out_i, in_i] as in ``nn.Linear``); reshape it to [B, nF, d] for :func:`combine`."""
+    [out_i, in_i] as in ``nn.Linear``); reshape it to [B, nF, d] for :func:`combine`. ``linear_kernel``
+    (:mod:`opengem.ops.linear`) runs the MLP's products of the fused and Triton kernels; the reference
+    always uses ``F.linear``."""
     if len(weights) != len(biases) or not weights:
         raise ValueError(f"fmb: need one bias per MLP weight and at least one layer "
                          f"(got {len(weights)} weights, {len(biases)} biases)")
@@ -49,9 +52,9 @@ def fmb(
     if which is Kernel.TRITON:
         fused_ln = triton_kernels("triton_fmb", x, y, ln_weight, ln_bias).fm_layer_norm
         h = fused_ln(x, y, ln_weight, ln_bias, eps)
-        return fused_fmb.mlp(h, weights, biases)
+        return fused_fmb.mlp(h, weights, biases, linear_kernel)
     if which is Kernel.FUSED:
-        return fused_fmb.fmb(x, y, ln_weight, ln_bias, weights, biases, eps)
+        return fused_fmb.fmb(x, y, ln_weight, ln_bias, weights, biases, eps, linear_kernel)
     return pt_fmb.fmb(x, y, ln_weight, ln_bias, weights, biases, eps)
 
 

@@ -2,10 +2,10 @@
 
 Each ``ops/<op>.py`` validates ``kernel`` here and dispatches to ``ops/pytorch/pt_<op>.py`` (the reference,
 plain PyTorch plus FBGEMM's jagged ops) or to a faster twin (``ops/fused/fused_<op>.py``: hand-fused PyTorch
-with fewer, contiguous ops; or ``ops/triton/triton_<op>.py``: GPU kernels, checked on CPU in Triton's
-interpreter). An op lists the kernels it really has (``supported``);
-naming any other is an error rather than a silent fallback to the reference, so a benchmark never measures
-the wrong kernel.
+with fewer, contiguous ops; ``ops/triton/triton_<op>.py``: GPU kernels, checked on CPU in Triton's
+interpreter; or ``ops/onednn/onednn_<op>.py``: oneDNN's CPU matrix products). An op lists the kernels it
+really has (``supported``); naming any other is an error rather than a silent fallback to the reference, so
+a benchmark never measures the wrong kernel.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ class Kernel(StrEnum):
     PYTORCH = "pytorch"  # the reference
     FUSED = "fused"  # hand-fused PyTorch: contiguous layouts, no cat/fill_ churn, jagged where it pays
     TRITON = "triton"  # Triton kernels: CUDA tensors, or CPU tensors under TRITON_INTERPRET=1 (tests)
+    ONEDNN = "onednn"  # oneDNN's fp32 CPU matrix products instead of the BLAS PyTorch links (ops/onednn/)
 
 
 _BY_NAME: dict[str, Kernel] = {k.value: k for k in Kernel}

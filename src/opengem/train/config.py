@@ -20,6 +20,7 @@ DEVICES = ("auto", "cpu", "cuda")
 SPARSE_OPTIMIZERS = ("rowwise_adagrad", "adagrad", "sgd")  # the fused optimizers that run on CPU (DESIGN §9)
 LR_DECAYS = ("none", "cosine")
 COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")  # train.compile_backend (opengem.train.compile)
+CPU_LINEAR_CHOICES = ("auto", "pytorch", "onednn")  # train.cpu_linear (opengem.train.cpu_linear)
 AC_MODES = ("none", "layer")  # train.activation_checkpointing (opengem.train.memory)
 PRECISIONS = ("fp32", "bf16")  # train.precision
 FP8_MODES = ("off", "e4m3", "e5m2")  # train.fp8_saved_activations
@@ -83,6 +84,8 @@ class TrainConfig:
     compile_cache_dir: str = ""  # persistent Inductor cache; "" = ~/.cache/opengem/inductor (run-independent)
     activation_checkpointing: str = "none"  # none | layer (each InterFormer/Wukong/encoder layer)
     precision: str = "fp32"  # fp32 | bf16 (autocast; weights and loss stay fp32)
+    # fp32 nn.Linear on CPU: auto (oneDNN where a probe finds it >= 1.3x PyTorch's BLAS) | pytorch | onednn
+    cpu_linear: str = "auto"  # (opengem.train.cpu_linear)
     fp8_saved_activations: str = "off"  # off | e4m3 | e5m2: saved-for-backward tensors stored as float8
     fp8_min_numel: int = 4096  # smaller saved tensors stay as they are
     # --- continuous training (opengem train --online; opengem.train.online)
@@ -118,6 +121,8 @@ class RunConfig:
         need(t.device in DEVICES, "train.device", f"must be one of {', '.join(DEVICES)}", t.device)
         need(t.sparse_optimizer in SPARSE_OPTIMIZERS, "train.sparse_optimizer",
              f"must be one of {', '.join(SPARSE_OPTIMIZERS)}", t.sparse_optimizer)
+        need(t.cpu_linear in CPU_LINEAR_CHOICES, "train.cpu_linear",
+             f"must be one of {', '.join(CPU_LINEAR_CHOICES)}", t.cpu_linear)
         need(t.lr_decay in LR_DECAYS, "train.lr_decay", f"must be one of {', '.join(LR_DECAYS)}", t.lr_decay)
         need(t.lr_decay == "none" or t.steps > 0, "train.lr_decay", "cosine decay needs train.steps > 0",
              t.lr_decay)

@@ -2,7 +2,8 @@
 
 The model files know nothing of distribution (torchtitan's rule). In order:
 
-1. Memory savers hook (``opengem.train.memory``): activation checkpointing per layer.
+1. Memory savers hook (``opengem.train.memory``): activation checkpointing per layer; then the CPU dense
+   layers' kernel (``opengem.train.cpu_linear``: oneDNN where it beats PyTorch's BLAS).
 2. Compile hook (``opengem.train.compile``): torch.compile of the dense children.
 3. Embedding tables: TorchRec's planner picks a table-wise / row-wise / column-wise plan (``train.sharding``)
    and ``DistributedModelParallel(init_data_parallel=False)`` shards them; the fused sparse optimizer
@@ -43,6 +44,7 @@ from opengem.model.registry import build_model
 from opengem.train import distributed
 from opengem.train.compile import apply_compile
 from opengem.train.config import SHARDINGS, RunConfig, TrainConfig
+from opengem.train.cpu_linear import apply_cpu_linear
 from opengem.train.memory import apply_activation_checkpointing
 from opengem.train.optim import apply_sparse_optimizer, embedding_modules
 from opengem.train.startup import StartupTimer
@@ -197,6 +199,7 @@ def parallelize(model: nn.Module, mesh: DeviceMesh | None, cfg: TrainConfig, dev
     from torchrec.optim.optimizers import in_backward_optimizer_filter
 
     info: dict[str, Any] = {"activation_checkpointing": apply_memory_savers(model, cfg),
+                            "cpu_linear": apply_cpu_linear(model, getattr(cfg, "cpu_linear", "auto"), device),
                             "compiled": apply_compile_hook(model, cfg)}
     if not table_names(model):
         model = model.to(device)

@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 
 from opengem.ops.cpu_autocast import fp32_under_cpu_autocast
+from opengem.ops.kernel import Kernel
+from opengem.ops.linear import linear, onednn_worth
 
 
 @fp32_under_cpu_autocast
@@ -41,17 +43,25 @@ def fmb(
     weights: list[torch.Tensor],
     biases: list[torch.Tensor],
     eps: float,
+    linear_kernel: Kernel | str = Kernel.PYTORCH,
 ) -> torch.Tensor:
     """MLP(LN(flatten(X · (Xᵀ Y)))) -> [B, out]: ReLU between the MLP's layers, none after the last."""
     h = fm_product(x, y).flatten(1)
-    return mlp(F.layer_norm(h, (h.shape[1],), ln_weight, ln_bias, eps), weights, biases)
+    return mlp(F.layer_norm(h, (h.shape[1],), ln_weight, ln_bias, eps), weights, biases, linear_kernel)
 
 
-def mlp(h: torch.Tensor, weights: list[torch.Tensor], biases: list[torch.Tensor]) -> torch.Tensor:
-    """The FMB's MLP on [B, in]: one addmm per layer, ReLU in place between layers, none after the last."""
+def mlp(h: torch.Tensor, weights: list[torch.Tensor], biases: list[torch.Tensor],
+        linear_kernel: Kernel | str = Kernel.PYTORCH) -> torch.Tensor:
+    """The FMB's MLP on [B, in]: one addmm per layer, ReLU in place between layers, none after the last.
+    ``linear_kernel="onednn"``: each layer that :func:`~opengem.ops.linear.onednn_worth` takes runs through
+    oneDNN instead (``train.cpu_linear``)."""
     last = len(weights) - 1
+    onednn = linear_kernel == Kernel.ONEDNN
     for i, (w, b) in enumerate(zip(weights, biases)):
-        h = torch.addmm(b, h, w.t())
+        if onednn and onednn_worth(h, w):
+            h = linear(h, w, b, kernel=Kernel.ONEDNN)
+        else:
+            h = torch.addmm(b, h, w.t())
         if i < last:
             h = h.relu_()  # ReLU's backward reads its output, so in place is safe and saves a buffer
     return h

@@ -1,0 +1,58 @@
+"""``linear`` forward and backward as three oneDNN matrix products (``torch.ops.mkldnn._linear_pointwise``).
+
+``_linear_pointwise(a, w, bias, "none", [], "")`` computes ``a @ w.T + bias`` for a strided fp32 ``a``
+[M, K] and ``w`` [N, K] (transposed views are read in place, no copy). The three products of a dense
+layer map onto it as: y = x W^T + b; dx = dy W, i.e. ``w = W^T``; dW = dy^T x, i.e. ``a = dy^T``,
+``w = x^T``; db is a column sum. Inputs with more than two dims are flattened to rows first.
+
+It is the op Inductor itself emits for CPU linears when MKL is absent, not a public API: :func:`available`
+checks that this torch has it, and the dispatcher in ``opengem.ops.linear`` refuses ``kernel="onednn"``
+where it does not (never a silent fallback to the reference).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def available() -> bool:
+    """True when this torch has oneDNN (mkldnn) with the fp32 linear op."""
+    return bool(torch.backends.mkldnn.is_available()) and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+def _mm_t(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``a @ w.T (+ bias)`` for 2-D fp32 CPU tensors, by oneDNN; an empty operand (oneDNN has no primitive
+    for zero rows) goes to aten, where the product is free anyway."""
+    if a.numel() == 0 or w.numel() == 0:
+        return torch.nn.functional.linear(a, w, bias)
+    return torch.ops.mkldnn._linear_pointwise(a, w, bias, "none", [], "")
+
+
+class _OneDNNLinear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None  # noqa: ANN001
+                ) -> torch.Tensor:
+        ctx.save_for_backward(x2, weight)
+        ctx.has_bias = bias is not None
+        return _mm_t(x2, weight, bias)
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor  # noqa: ANN001
+                 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+        x2, weight = ctx.saved_tensors
+        dy2 = dy if dy.is_contiguous() else dy.contiguous()
+        dx = dw = db = None
+        if ctx.needs_input_grad[0]:
+            dx = _mm_t(dy2, weight.t())
+        if ctx.needs_input_grad[1]:
+            dw = _mm_t(dy2.t(), x2.t())
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            db = dy2.sum(0)
+        return dx, dw, db
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ weight.T + bias`` (fp32, CPU) with oneDNN's products forward and backward. The Function sees 2-D
+    tensors only: its output is then never a view, so an in-place op after it (a ReLU) is allowed."""
+    y = _OneDNNLinear.apply(x.reshape(-1, x.shape[-1]), weight, bias)
+    return y if x.dim() == 2 else y.view(*x.shape[:-1], weight.shape[0])

@@ -1,0 +1,108 @@
+"""``train.cpu_linear``: fp32 dense layers through oneDNN on CPUs where PyTorch's BLAS is the slower one.
+
+PyTorch sends a CPU fp32 ``nn.Linear`` to MKL's sgemm, and MKL picks its kernels by CPU vendor: on an AMD
+EPYC host (Zen 5, AVX-512) it ran 80-93 GFLOP/s where oneDNN's fp32 product on the same tensors ran
+180-200 (one thread; ``opengem.ops.onednn``). ``apply_cpu_linear`` turns every plain ``nn.Linear`` of a
+model into :class:`OneDNNLinear` in place (the same parameters, names and checkpoints: only the class
+changes), whose forward calls ``opengem.ops.linear`` with ``kernel="onednn"`` when the call can take it
+(fp32 CPU tensors, no autocast, not under torch.compile, a product of at least ``MIN_MACS``:
+``ops.linear.onednn_worth``) and ``F.linear`` otherwise. Modules that feed their MLP weights to an op
+themselves (a Wukong layer's fused FMB) carry a ``linear_kernel`` attribute, set here the same way.
+
+``"auto"`` (the default) decides by measuring, once per process and thread count: oneDNN is used only
+where it runs a training-sized product at least ``AUTO_MARGIN`` times as fast as PyTorch's default, so
+an Intel host whose MKL is as fast keeps PyTorch's path (and its exact numerics), and a host where the
+gap is 2x takes it. The choice is logged and returned in the run's parallelize info.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from opengem.ops.kernel import Kernel
+from opengem.ops.linear import linear, onednn_worth
+from opengem.ops.onednn import onednn_linear
+from opengem.train.config import CPU_LINEAR_CHOICES
+
+log = logging.getLogger(__name__)
+
+AUTO_MARGIN = 1.3  # measured ratios: 2.1-2.3x on AMD Zen 5; the choice must not flip on noise
+PROBE_SHAPE = (512, 1024, 1024)  # rows, in, out: a GEM-small / DCNv2 MLP layer at batch 512
+
+
+class OneDNNLinear(nn.Linear):
+    """An ``nn.Linear`` whose fp32 CPU products run through oneDNN (see the module doc)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if onednn_worth(x, self.weight):
+            return linear(x, self.weight, self.bias, kernel=Kernel.ONEDNN)
+        return F.linear(x, self.weight, self.bias)
+
+
+def _best_ms(fn: object, reps: int) -> float:
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()  # type: ignore[operator]
+        best = min(best, time.perf_counter() - t)
+    return best * 1e3
+
+
+@functools.lru_cache(maxsize=8)
+def onednn_speedup(threads: int) -> float:
+    """How many times faster oneDNN runs a fp32 linear of ``PROBE_SHAPE`` than ``F.linear`` here (best of
+    interleaved calls, ~0.2 s); 0.0 where this torch has no oneDNN."""
+    if not onednn_linear.available():
+        return 0.0
+    m, k, n = PROBE_SHAPE
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g)
+    with torch.no_grad():
+        ref = functools.partial(F.linear, x, w)
+        one = functools.partial(onednn_linear.linear, x, w)
+        ref(), one()  # warm-up: oneDNN builds its kernel for the shape
+        t_ref, t_one = [], []
+        for _ in range(3):
+            t_ref.append(_best_ms(ref, 3))
+            t_one.append(_best_ms(one, 3))
+    return min(t_ref) / max(min(t_one), 1e-9)
+
+
+def resolve_cpu_linear(choice: str, device: torch.device) -> str:
+    """``pytorch`` or ``onednn`` for this run (``auto`` measured, :func:`onednn_speedup`)."""
+    if choice not in CPU_LINEAR_CHOICES:
+        raise ValueError(f"train.cpu_linear: {choice!r} is not one of {', '.join(CPU_LINEAR_CHOICES)}")
+    if device.type != "cpu" or choice == "pytorch":
+        return "pytorch"
+    if choice == "onednn":
+        if not onednn_linear.available():
+            raise RuntimeError("train.cpu_linear = 'onednn' needs a torch built with oneDNN (mkldnn)")
+        return "onednn"
+    speedup = onednn_speedup(torch.get_num_threads())
+    chosen = "onednn" if speedup >= AUTO_MARGIN else "pytorch"
+    log.info("train.cpu_linear = auto: oneDNN runs a fp32 linear %.2fx as fast as PyTorch's BLAS here: %s",
+             speedup, chosen)
+    return chosen
+
+
+def apply_cpu_linear(model: nn.Module, choice: str, device: torch.device) -> dict[str, object]:
+    """When ``choice`` resolves to oneDNN: make the plain ``nn.Linear`` modules of ``model``
+    :class:`OneDNNLinear`, and set ``linear_kernel`` on the modules that run their MLP weights through an
+    op themselves (a Wukong layer's fused FMB). Returns what was done (``{"kernel", "layers", "ops"}``)."""
+    kernel = resolve_cpu_linear(choice, device)
+    layers = ops = 0
+    if kernel == "onednn":
+        for m in model.modules():
+            if type(m) is nn.Linear:
+                m.__class__ = OneDNNLinear
+                layers += 1
+            if hasattr(m, "linear_kernel"):
+                m.linear_kernel = Kernel.ONEDNN
+                ops += 1
+    return {"kernel": kernel, "layers": layers, "ops": ops}

@@ -1,0 +1,86 @@
+"""train.cpu_linear: the nn.Linear -> OneDNNLinear swap, its fallbacks, and the auto choice."""
+
+import pytest
+import torch
+from torch import nn
+
+from opengem.config import ConfigError
+from opengem.model.wukong import WukongConfig, WukongLayer
+from opengem.ops.kernel import Kernel
+from opengem.ops.onednn import onednn_linear
+from opengem.train import cpu_linear
+from opengem.train.config import load_run_config
+from opengem.train.cpu_linear import OneDNNLinear, apply_cpu_linear, resolve_cpu_linear
+
+needs_onednn = pytest.mark.skipif(not onednn_linear.available(), reason="this torch has no oneDNN (mkldnn)")
+CPU = torch.device("cpu")
+
+
+def mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 8), nn.Linear(8, 2))
+
+
+@needs_onednn
+def test_swap_keeps_parameters_and_state_dict_and_computes_the_same():
+    ref, model = mlp(), mlp()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    info = apply_cpu_linear(model, "onednn", CPU)
+    assert info == {"kernel": "onednn", "layers": 3, "ops": 0}
+    assert all(type(m) is OneDNNLinear for m in model if isinstance(m, nn.Linear))
+    assert model.state_dict().keys() == before.keys()
+    x = torch.randn(512, 64)
+    xr = x.clone().requires_grad_()
+    x.requires_grad_()
+    model(x).square().sum().backward()
+    ref(xr).square().sum().backward()
+    torch.testing.assert_close(x.grad, xr.grad, rtol=1e-5, atol=1e-5)
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-4, msg=name)
+
+
+@needs_onednn
+def test_onednn_linear_takes_the_default_path_where_onednn_cannot_or_should_not_run(monkeypatch):
+    calls = []
+    real = onednn_linear.linear
+    monkeypatch.setattr(onednn_linear, "linear", lambda *a: calls.append(a[0].shape) or real(*a))
+    layer = OneDNNLinear(64, 256)
+    layer(torch.randn(512, 64))  # 8.4M MACs: oneDNN
+    assert calls == [torch.Size([512, 64])]
+    layer(torch.randn(2, 64))  # 33k MACs < MIN_MACS: F.linear
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert layer(torch.randn(512, 64)).dtype == torch.bfloat16  # autocast's bf16 path, not fp32 oneDNN
+    layer.double()(torch.randn(512, 64, dtype=torch.float64))
+    assert len(calls) == 1
+
+
+@needs_onednn
+def test_swap_reaches_the_wukong_fused_mlp():
+    layer = WukongLayer(6, 8, 4, 2, WukongConfig(n_fm=4, n_lin=2, k=4, mlp_dims=[32]))
+    info = apply_cpu_linear(layer, "onednn", CPU)
+    assert info["ops"] == 1 and layer.linear_kernel is Kernel.ONEDNN
+
+
+def test_pytorch_choice_and_non_cpu_devices_change_nothing():
+    model = mlp()
+    assert apply_cpu_linear(model, "pytorch", CPU) == {"kernel": "pytorch", "layers": 0, "ops": 0}
+    assert all(type(m) is nn.Linear for m in model if isinstance(m, nn.Linear))
+    assert resolve_cpu_linear("onednn", torch.device("meta")) == "pytorch"
+    with pytest.raises(ValueError, match="not one of"):
+        resolve_cpu_linear("mkl", CPU)
+
+
+@pytest.mark.parametrize("speedup,chosen", [(2.2, "onednn"), (1.05, "pytorch"), (0.0, "pytorch")])
+def test_auto_follows_the_measured_speedup(monkeypatch, speedup, chosen):
+    monkeypatch.setattr(cpu_linear, "onednn_speedup", lambda threads: speedup)
+    assert resolve_cpu_linear("auto", CPU) == chosen
+
+
+@needs_onednn
+def test_the_probe_measures_a_positive_ratio():
+    assert cpu_linear.onednn_speedup(torch.get_num_threads()) > 0
+
+
+def test_config_refuses_an_unknown_choice():
+    with pytest.raises(ConfigError, match="train.cpu_linear"):
+        load_run_config("configs/tiny.toml", ["train.cpu_linear=mkl"])
