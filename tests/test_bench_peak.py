@@ -54,3 +54,14 @@ def test_bench_reports_cpu_time_mfu_from_the_pooled_probes(tmp_path):
     assert r["examples_per_cpu_s"] > 0 and r["peak_flops_cpu"] > 0
     expected = r["examples_per_cpu_s"] * r["flops_per_example"] / r["peak_flops_cpu"]
     assert r["mfu_cpu"] == pytest.approx(expected)
+
+
+def test_fp32_cpu_peak_times_the_faster_of_blas_and_onednn(monkeypatch):
+    """The fp32 CPU peak is the faster product the trainer can run (train.cpu_linear): MFU stays <= 100 %."""
+    from opengem.ops.onednn import onednn_linear
+
+    p = matmul_peak(torch.device("cpu"), n=64, repeats=2)
+    assert p["peak_kernel"] in (("aten", "onednn") if onednn_linear.available() else ("aten",))
+    monkeypatch.setattr(onednn_linear, "available", lambda: False)
+    assert matmul_peak(torch.device("cpu"), n=64, repeats=1)["peak_kernel"] == "aten"
+    assert matmul_peak(torch.device("cpu"), n=64, repeats=1, precision="bf16")["peak_kernel"] == "aten"

@@ -84,3 +84,25 @@ def test_the_probe_measures_a_positive_ratio():
 def test_config_refuses_an_unknown_choice():
     with pytest.raises(ConfigError, match="train.cpu_linear"):
         load_run_config("configs/tiny.toml", ["train.cpu_linear=mkl"])
+
+
+@needs_onednn
+def test_fused_attention_kv_products_through_onednn_match_the_default():
+    """The fused attention's K/V products (weight-half views of the kv layer) take linear_kernel too."""
+    from opengem.model.sequence import MultiHeadAttention, use_kernel
+
+    torch.manual_seed(0)
+    ref = use_kernel(MultiHeadAttention(32, num_heads=2, use_rope=True), "fused")
+    one = use_kernel(MultiHeadAttention(32, num_heads=2, use_rope=True), "fused")
+    one.load_state_dict(ref.state_dict())
+    assert apply_cpu_linear(one, "onednn", CPU)["ops"] == 1 and one.linear_kernel is Kernel.ONEDNN
+    q, k = torch.randn(64, 8, 32), torch.randn(64, 40, 32)
+    mask = torch.arange(40)[None, :] < torch.randint(0, 41, (64, 1))  # some rows with no key at all
+    outs = []
+    for m in (ref, one):
+        qq, kk = q.clone().requires_grad_(), k.clone().requires_grad_()
+        out = m(qq, kk, mask)
+        out.square().sum().backward()
+        outs.append((out.detach(), qq.grad, kk.grad, m.kv.weight.grad))
+    for a, b in zip(*outs):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)

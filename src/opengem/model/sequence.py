@@ -32,6 +32,7 @@ from opengem.ops.attention import masked_attention, pooled_attention, rope, rope
 from opengem.ops.cpu_autocast import fp32_under_cpu_autocast
 from opengem.ops.jagged import compact, ensure_nonempty, gather_last, zero_padding
 from opengem.ops.kernel import WITH_FUSED, WITH_FUSED_AND_TRITON, Kernel, resolve_kernel
+from opengem.ops.linear import linear, onednn_worth
 
 
 def use_kernel(module: nn.Module, kernel: Kernel | str) -> nn.Module:
@@ -65,6 +66,7 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"attention: width d={d} is not divisible by num_heads={num_heads}")
         self.d, self.h, self.use_rope, self.rope_base = d, num_heads, use_rope, rope_base
         self.kernel = Kernel.PYTORCH
+        self.linear_kernel = Kernel.PYTORCH  # the fused path's K/V products (opengem.ops.linear)
         self.q = nn.Linear(d, d)
         self.kv = nn.Linear(d, 2 * d)
         self.out = nn.Linear(d, d)
@@ -100,8 +102,9 @@ class MultiHeadAttention(nn.Module):
         wk, wv = self.kv.weight[:d], self.kv.weight[d:]
         bk, bv = self.kv.bias[:d], self.kv.bias[d:]
         q = self.q(query).view(B, Lq, H, dh)
-        k = F.linear(keys, wk, bk).view(B, Lk, H, dh)
-        v = F.linear(keys, wv, bv).view(B, Lk, H, dh)
+        lk = self.linear_kernel if onednn_worth(keys, wk) else Kernel.PYTORCH
+        k = linear(keys, wk, bk, kernel=lk).view(B, Lk, H, dh)
+        v = linear(keys, wv, bv, kernel=lk).view(B, Lk, H, dh)
         if self.use_rope:
             fused = Kernel.FUSED
             q, k = (rope_positions(t, self.rope_base, kernel=fused) if pos is None else

@@ -7,7 +7,8 @@ model into :class:`OneDNNLinear` in place (the same parameters, names and checkp
 changes), whose forward calls ``opengem.ops.linear`` with ``kernel="onednn"`` when the call can take it
 (fp32 CPU tensors, no autocast, not under torch.compile, a product of at least ``MIN_MACS``:
 ``ops.linear.onednn_worth``) and ``F.linear`` otherwise. Modules that feed their MLP weights to an op
-themselves (a Wukong layer's fused FMB) carry a ``linear_kernel`` attribute, set here the same way.
+themselves (a Wukong layer's fused FMB, the fused attention's K/V products) carry a ``linear_kernel``
+attribute, set here the same way.
 
 ``"auto"`` (the default) decides by measuring, once per process and thread count: oneDNN is used only
 where it runs a training-sized product at least ``AUTO_MARGIN`` times as fast as PyTorch's default, so
@@ -93,8 +94,9 @@ def resolve_cpu_linear(choice: str, device: torch.device) -> str:
 
 def apply_cpu_linear(model: nn.Module, choice: str, device: torch.device) -> dict[str, object]:
     """When ``choice`` resolves to oneDNN: make the plain ``nn.Linear`` modules of ``model``
-    :class:`OneDNNLinear`, and set ``linear_kernel`` on the modules that run their MLP weights through an
-    op themselves (a Wukong layer's fused FMB). Returns what was done (``{"kernel", "layers", "ops"}``)."""
+    :class:`OneDNNLinear`, and set ``linear_kernel`` on the modules that run their weights through an op
+    themselves (a Wukong layer's fused FMB, the fused attention's K/V). Returns what was done
+    (``{"kernel", "layers", "ops"}``)."""
     kernel = resolve_cpu_linear(choice, device)
     layers = ops = 0
     if kernel == "onednn":
