@@ -24,6 +24,7 @@ CASES = [  # leading shape of x, in, out, bias
     ((1,), 1, 1, True),
     ((3, 0, 2), 6, 3, True),  # an empty middle dim
     ((256,), 1024, 512, True),  # a size where oneDNN's blocking differs from MKL's
+    ((700,), 8, 4, True),  # rows > 16 x width: dW goes to mm (DW_MAX_ROWS_PER_WIDTH)
 ]
 
 
