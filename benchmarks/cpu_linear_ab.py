@@ -16,9 +16,9 @@ import json
 import os
 import statistics
 import sys
-import time
 
 import torch
+from step_pool import StepPool
 from torch import nn
 
 from opengem.ops.kernel import Kernel
@@ -45,18 +45,11 @@ def measure(config: str, model_name: str, precision: str, out: str, data_dir: st
                                    "train.cpu_linear=onednn"])
     data = prepare_data(cfg.data, out, data_dir)
     with Trainer(cfg, None, data) as trainer:
-        loader = iter(trainer.train_loader())
-        batches = [next(loader).to(trainer.device) for _ in range(8)]
+        pool = StepPool(trainer, 8)
         model = trainer.parallel.plain
-        k = 0
 
         def run(n: int) -> float:
-            nonlocal k
-            c = time.thread_time()
-            for _ in range(n):
-                trainer.train_step(batches[k % len(batches)])
-                k += 1
-            return (time.thread_time() - c) / n * 1e3
+            return pool.cpu_s_per_step(n) * 1e3
 
         for kernel in KERNELS:  # warm-up
             set_kernel(model, kernel)

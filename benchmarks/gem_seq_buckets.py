@@ -25,6 +25,7 @@ import statistics
 import time
 
 import torch
+from step_pool import StepPool
 
 from opengem.model.flops import executed_flops_per_example, measured_flops, padded_flops_per_example
 from opengem.train.config import load_run_config
@@ -38,18 +39,10 @@ def ab(args: argparse.Namespace) -> dict:
     ks = [int(k) for k in args.ks.split(",")]
     B = cfg.data.batch_size
     with Trainer(cfg, None, data) as trainer:
-        loader = iter(trainer.train_loader())
-        batches = [next(loader).to(trainer.device) for _ in range(args.pool)]
+        pool = StepPool(trainer, args.pool)
+        batches = pool.batches
         model = trainer.parallel.plain
-        k_step = 0
-
-        def steps(n: int) -> float:
-            nonlocal k_step
-            t = time.thread_time()
-            for _ in range(n):
-                trainer.train_step(batches[k_step % len(batches)])
-                k_step += 1
-            return (time.thread_time() - t) / n
+        steps = pool.cpu_s_per_step
 
         flops, counted = {}, {}
         for k in ks:  # warm-up; the padded FLOPs each K runs on this pool, and what FlopCounterMode counts
