@@ -73,7 +73,28 @@ def build_dense_optimizer(params: dict[str, nn.Parameter], cfg: TrainConfig) -> 
     groups = [g for g in groups if g["params"]]
     if not groups:  # a model with only embedding tables still needs an optimizer object to step
         groups = [{"params": [nn.Parameter(torch.zeros(1))], "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr)
+    fused = can_fuse_adamw([p for g in groups for p in g["params"]])
+    return torch.optim.AdamW(groups, lr=cfg.lr, fused=fused)
+
+
+FUSED_ADAMW_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+
+def can_fuse_adamw(params: list[torch.Tensor]) -> bool | None:
+    """True when PyTorch's fused AdamW kernel can step these parameters: plain tensors (not FSDP's DTensors)
+    of one CPU or CUDA device in a float dtype; otherwise None (PyTorch's default implementation).
+
+    Why: on CPU the default AdamW loops over the parameters with ~10 elementwise ops each (sqrt, div, lerp,
+    addcdiv...), memory-bound passes over every weight; the fused kernel does one. Measured on 9.3M
+    parameters, one thread: 44.7 ms -> 9.6 ms per step, results equal to 2.4e-7 after five steps
+    (``tests/test_optim_fused.py``)."""
+    if not params:
+        return None
+    devices = {p.device for p in params}
+    plain = all(type(p) in (torch.Tensor, nn.Parameter) for p in params)
+    ok = (plain and len(devices) == 1 and next(iter(devices)).type in ("cpu", "cuda")
+          and all(p.dtype in FUSED_ADAMW_DTYPES for p in params))
+    return True if ok else None
 
 
 def lr_factor(step: int, cfg: TrainConfig) -> float:
