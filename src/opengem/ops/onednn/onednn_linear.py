@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import torch
 
-DW_MAX_ROWS_PER_WIDTH = 16  # dW by oneDNN while rows <= 16 x the wider weight dim (see backward)
+DW_MAX_ROWS_PER_WIDTH = 64  # dW by oneDNN while rows <= 64 x the wider weight dim (see backward)
+DW_MIN_WEIGHT = 1 << 14  # ... and the weight has at least this many entries
 
 
 def available() -> bool:
@@ -48,10 +49,12 @@ class _OneDNNLinear(torch.autograd.Function):
             dx = _mm_t(dy2, weight.t())
         if ctx.needs_input_grad[1]:
             rows, (n_out, n_in) = x2.shape[0], weight.shape
-            # dW = dy^T x reduces over the rows. oneDNN reads both operands transposed, which costs it most
-            # when that reduction is long and the result small (measured, 32768 rows x 32 x 32: oneDNN
-            # 1.7 ms, MKL's mm 1.0 ms; 512 x 192 x 512: oneDNN 0.74 ms, MKL 1.21 ms): such shapes go to mm.
-            dw = (torch.mm(dy2.t(), x2) if rows > DW_MAX_ROWS_PER_WIDTH * max(n_out, n_in)
+            # dW = dy^T x reduces over the rows. PyTorch's oneDNN op copies both transposed operands first,
+            # which costs more than oneDNN saves when the reduction is long beside a small weight (measured,
+            # one thread: 32768 rows x 32 x 32 oneDNN 1.5 ms vs MKL's mm 1.0; 4096 x 400 x 1 0.11 vs 0.08;
+            # 4096 x 164 x 164 1.9 vs 2.8; 512 x 192 x 512 0.61 vs 1.20): such shapes go to mm.
+            long = rows > DW_MAX_ROWS_PER_WIDTH * max(n_out, n_in) or n_out * n_in < DW_MIN_WEIGHT
+            dw = (torch.mm(dy2.t(), x2) if long
                   else _mm_t(dy2.t(), x2.t()))
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = dy2.sum(0)
