@@ -81,7 +81,7 @@ def format_table(results: list[dict[str, Any]]) -> str:
             f"{loader / r['examples_per_s'] if loader else float('nan'):>9.1f}")
     lines.append("FLOPs/example = 3 x analytic forward (fwd+bwd) at each example's real history length; "
                  "'MFU full' counts every history at max_len. Peak: best matmul in the run's precision, same "
-                 "process.")
+                 f"process ({r0.get('peak_kernel') or 'aten'}; fp32 on CPU: the faster of MKL and oneDNN).")
     lines.append("MFU cpu = examples per CPU-second of this process x FLOPs/example / CPU-time peak (time "
                  "slices lost to other processes cancel out on a shared machine)")
     lines.append("loader x = loader examples/s (reading + moving batches, same run) / training examples/s")
