@@ -11,8 +11,8 @@ from opengem.ops.onednn import onednn_linear
 from opengem.train import cpu_linear
 from opengem.train.config import load_run_config
 from opengem.train.cpu_linear import OneDNNLinear, apply_cpu_linear, resolve_cpu_linear
+from twin_helpers import needs_onednn
 
-needs_onednn = pytest.mark.skipif(not onednn_linear.available(), reason="this torch has no oneDNN (mkldnn)")
 CPU = torch.device("cpu")
 
 

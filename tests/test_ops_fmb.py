@@ -13,8 +13,7 @@ import torch
 from opengem.model.sequence import use_kernel
 from opengem.model.wukong import WukongConfig, WukongLayer
 from opengem.ops import fmb as fmb_ops
-from opengem.ops.onednn import onednn_linear
-from twin_helpers import assert_twins_equal, fmb_inputs, rand, run_fwd_bwd, tokens
+from twin_helpers import assert_twins_equal, fmb_inputs, needs_onednn, rand, run_fwd_bwd, tokens
 
 ATOL, RTOL = 2e-5, 1e-4
 
@@ -103,7 +102,7 @@ def test_fused_wukong_layer_compiles_as_one_graph():
     torch.testing.assert_close(compiled(x), layer(x))
 
 
-@pytest.mark.skipif(not onednn_linear.available(), reason="this torch has no oneDNN (mkldnn)")
+@needs_onednn
 @pytest.mark.parametrize("B,n,d,k,dims,zero_rows,per_example",
                          [*FMB_CASES, (64, 24, 32, 8, [512, 256], (3,), False)])  # every layer >= MIN_MACS
 def test_fused_fmb_with_onednn_mlp_matches_reference_forward_and_backward(B, n, d, k, dims, zero_rows,

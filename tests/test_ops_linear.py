@@ -4,9 +4,7 @@ import pytest
 import torch
 
 from opengem.ops.linear import linear, onednn_takes
-from opengem.ops.onednn import onednn_linear
-
-needs_onednn = pytest.mark.skipif(not onednn_linear.available(), reason="this torch has no oneDNN (mkldnn)")
+from twin_helpers import needs_onednn
 
 
 def run(x, w, b, kernel, grads=(True, True, True)):

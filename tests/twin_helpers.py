@@ -5,7 +5,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import pytest
 import torch
+
+from opengem.ops.onednn import onednn_linear
+
+# the project's torch (the CPU wheel requirements/ installs) has oneDNN; another build may not
+needs_onednn = pytest.mark.skipif(
+    not onednn_linear.available(),
+    reason="this torch build has no oneDNN (torch.backends.mkldnn), so kernel='onednn' cannot run here; "
+           "install the torch of requirements/ to test it")
 
 
 def rand(*shape: int, seed: int) -> torch.Tensor:

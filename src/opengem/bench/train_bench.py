@@ -166,7 +166,7 @@ def bench_train(cfg: RunConfig, run_dir: str | Path, data_dir: str | Path | None
         "threads": peak["peak_threads"] if device.type == "cpu" else None,
         "peak_flops_median": peak["peak_flops_median"], "peak_blocks": peak["peak_blocks"],
         "peak_inner": peak["peak_inner"], "peak_n": peak["peak_n"],
-        "peak_dtype": peak["peak_dtype"], "peak_kernel": peak.get("peak_kernel"),
+        "peak_dtype": peak["peak_dtype"], "peak_kernel": peak["peak_kernel"],
         "peak_mem_abs_mb": memory["peak_mem_abs_mb"], "peak_mem_method": memory["peak_mem_method"],
         "load_average": load_average(), "data": str(data_path), "conventions": CONVENTIONS,
     }

@@ -32,7 +32,7 @@ from opengem.ops.attention import masked_attention, pooled_attention, rope, rope
 from opengem.ops.cpu_autocast import fp32_under_cpu_autocast
 from opengem.ops.jagged import compact, ensure_nonempty, gather_last, zero_padding
 from opengem.ops.kernel import WITH_FUSED, WITH_FUSED_AND_TRITON, Kernel, resolve_kernel
-from opengem.ops.linear import linear, onednn_worth
+from opengem.ops.linear import kernel_for, linear
 
 
 def use_kernel(module: nn.Module, kernel: Kernel | str) -> nn.Module:
@@ -102,7 +102,7 @@ class MultiHeadAttention(nn.Module):
         wk, wv = self.kv.weight[:d], self.kv.weight[d:]
         bk, bv = self.kv.bias[:d], self.kv.bias[d:]
         q = self.q(query).view(B, Lq, H, dh)
-        lk = self.linear_kernel if onednn_worth(keys, wk) else Kernel.PYTORCH
+        lk = kernel_for(self.linear_kernel, keys, wk)
         k = linear(keys, wk, bk, kernel=lk).view(B, Lk, H, dh)
         v = linear(keys, wv, bv, kernel=lk).view(B, Lk, H, dh)
         if self.use_rope:

@@ -32,6 +32,13 @@ def onednn_worth(x: torch.Tensor, weight: torch.Tensor) -> bool:
             and x.numel() * weight.shape[0] >= MIN_MACS)
 
 
+def kernel_for(kernel: Kernel | str, x: torch.Tensor, weight: torch.Tensor) -> Kernel:
+    """The kernel a product of ``x`` and ``weight`` runs when a block asks for ``kernel``: oneDNN where it
+    was asked for and :func:`onednn_worth` takes the call, the reference otherwise (``train.cpu_linear``
+    sets ``onednn`` on a whole model; each call still falls back where oneDNN cannot run or does not pay)."""
+    return Kernel.ONEDNN if kernel == Kernel.ONEDNN and onednn_worth(x, weight) else Kernel.PYTORCH
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
            kernel: Kernel | str = Kernel.PYTORCH) -> torch.Tensor:
     """x [..., in], weight [out, in], bias [out] or None -> [..., out]."""

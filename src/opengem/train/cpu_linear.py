@@ -6,7 +6,7 @@ EPYC host (Zen 5, AVX-512) it ran 80-93 GFLOP/s where oneDNN's fp32 product on t
 model into :class:`OneDNNLinear` in place (the same parameters, names and checkpoints: only the class
 changes), whose forward calls ``opengem.ops.linear`` with ``kernel="onednn"`` when the call can take it
 (fp32 CPU tensors, no autocast, not under torch.compile, a product of at least ``MIN_MACS``:
-``ops.linear.onednn_worth``) and ``F.linear`` otherwise. Modules that feed their MLP weights to an op
+``ops.linear.kernel_for``) and ``F.linear`` otherwise. Modules that feed their MLP weights to an op
 themselves (a Wukong layer's fused FMB, the fused attention's K/V products) carry a ``linear_kernel``
 attribute, set here the same way.
 
@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from opengem.ops.kernel import Kernel
-from opengem.ops.linear import linear, onednn_worth
+from opengem.ops.linear import kernel_for, linear
 from opengem.ops.onednn import onednn_linear
 from opengem.train.config import CPU_LINEAR_CHOICES
 
@@ -41,9 +41,7 @@ class OneDNNLinear(nn.Linear):
     """An ``nn.Linear`` whose fp32 CPU products run through oneDNN (see the module doc)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if onednn_worth(x, self.weight):
-            return linear(x, self.weight, self.bias, kernel=Kernel.ONEDNN)
-        return F.linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias, kernel=kernel_for(Kernel.ONEDNN, x, self.weight))
 
 
 def _best_ms(fn: object, reps: int) -> float:

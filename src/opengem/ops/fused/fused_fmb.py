@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from opengem.ops.cpu_autocast import fp32_under_cpu_autocast
 from opengem.ops.kernel import Kernel
-from opengem.ops.linear import linear, onednn_worth
+from opengem.ops.linear import kernel_for, linear
 
 
 @fp32_under_cpu_autocast
@@ -53,15 +53,11 @@ def fmb(
 def mlp(h: torch.Tensor, weights: list[torch.Tensor], biases: list[torch.Tensor],
         linear_kernel: Kernel | str = Kernel.PYTORCH) -> torch.Tensor:
     """The FMB's MLP on [B, in]: one addmm per layer, ReLU in place between layers, none after the last.
-    ``linear_kernel="onednn"``: each layer that :func:`~opengem.ops.linear.onednn_worth` takes runs through
-    oneDNN instead (``train.cpu_linear``)."""
+    (``F.linear`` of a 2-D input is that addmm.) ``linear_kernel="onednn"``: each layer that
+    :func:`~opengem.ops.linear.kernel_for` lets through runs through oneDNN instead (``train.cpu_linear``)."""
     last = len(weights) - 1
-    onednn = linear_kernel == Kernel.ONEDNN
     for i, (w, b) in enumerate(zip(weights, biases)):
-        if onednn and onednn_worth(h, w):
-            h = linear(h, w, b, kernel=Kernel.ONEDNN)
-        else:
-            h = torch.addmm(b, h, w.t())
+        h = linear(h, w, b, kernel=kernel_for(linear_kernel, h, w))
         if i < last:
             h = h.relu_()  # ReLU's backward reads its output, so in place is safe and saves a buffer
     return h

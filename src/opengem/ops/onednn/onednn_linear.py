@@ -1,9 +1,10 @@
 """``linear`` forward and backward as three oneDNN matrix products (``torch.ops.mkldnn._linear_pointwise``).
 
 ``_linear_pointwise(a, w, bias, "none", [], "")`` computes ``a @ w.T + bias`` for a strided fp32 ``a``
-[M, K] and ``w`` [N, K] (transposed views are read in place, no copy). The three products of a dense
-layer map onto it as: y = x W^T + b; dx = dy W, i.e. ``w = W^T``; dW = dy^T x, i.e. ``a = dy^T``,
-``w = x^T``; db is a column sum. Inputs with more than two dims are flattened to rows first.
+[M, K] and ``w`` [N, K]; it takes transposed views too, but copies them to contiguous first (the reason dW
+sometimes goes to ``mm``, see the backward). The three products of a dense layer map onto it as:
+y = x W^T + b; dx = dy W, i.e. ``w = W^T``; dW = dy^T x, i.e. ``a = dy^T``, ``w = x^T``; db is a column sum.
+Inputs with more than two dims are flattened to rows first.
 
 It is the op Inductor itself emits for CPU linears when MKL is absent, not a public API: :func:`available`
 checks that this torch has it, and the dispatcher in ``opengem.ops.linear`` refuses ``kernel="onednn"``
@@ -43,7 +44,7 @@ class _OneDNNLinear(torch.autograd.Function):
     def backward(ctx, dy: torch.Tensor  # noqa: ANN001
                  ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
         x2, weight = ctx.saved_tensors
-        dy2 = dy if dy.is_contiguous() else dy.contiguous()
+        dy2 = dy.contiguous()
         dx = dw = db = None
         if ctx.needs_input_grad[0]:
             dx = _mm_t(dy2, weight.t())
