@@ -2,8 +2,9 @@
 # One-command GPU check (issue 13), under 8 minutes on one H200: GEM-base and DCNv2-base training-step
 # benchmarks in bf16 with torch.compile on (examples/s, MFU on executed and on full-length FLOPs against
 # the bf16 matmul peak measured in the same run, peak memory), time to first step with a cold and then a
-# warm compile cache, a 1-process NCCL all-reduce, and the Triton twins of ops/triton against their
-# references (largest difference, ms forward + backward). Prints one table.
+# warm compile cache, a 1-process NCCL all-reduce, the Triton twins of ops/triton against their
+# references (largest difference, ms forward + backward), and DCNv2's training with and without TorchRec's
+# TrainPipelineSparseDist (train.pipeline). Prints one table.
 #
 #   bash benchmarks/gpu_check.sh [OUT_DIR]        # default runs/gpu_check (JSON of every part kept there)
 #
@@ -55,5 +56,11 @@ done
 # 4. the Triton twins (ops/triton) against their references at GEM-base's shapes: difference and ms
 timeout 180 "$PY" benchmarks/triton_kernels.py --json "$OUT/triton.json" > "$OUT/triton.log" 2>&1
 echo "triton kernels: exit $? (log $OUT/triton.log)" >&2
+
+# 5. train.pipeline on the GPU, one process: the plain loop vs TrainPipelineSparseDist (the next batch's
+#    copy on a side stream from pinned memory while this one trains), DCNv2 on the small recipe, fp32
+timeout 150 "$PY" benchmarks/pipeline_ab.py --config configs/small-d32.toml --models dcnv2 --nproc 1 \
+  --steps 60 --repeats 1 --out "$OUT/pipeline" train.device=cuda > "$OUT/pipeline.log" 2>&1
+echo "pipeline A/B: exit $? (log $OUT/pipeline.log)" >&2
 
 "$PY" benchmarks/gpu_check_table.py "$OUT"

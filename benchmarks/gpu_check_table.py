@@ -55,6 +55,13 @@ def table(out: Path) -> str:
                          f"{r['ref_ms']:.2f} ms (x{r['speedup']:.2f}; {r['shape']})")
     else:
         lines.append(f"Triton twins: FAILED (see {out}/triton.log)")
+    pipe = read_json(out / "pipeline" / "pipeline_ab.json")
+    if isinstance(pipe, dict) and pipe.get("rows"):
+        for r in pipe["rows"]:
+            lines.append(f"train.pipeline, {r['model']}, 1 process: plain loop {r['none']:,.0f} ex/s, "
+                         f"sparse_dist {r['sparse_dist']:,.0f} ex/s (x{r['ratio_median']:.2f})")
+    else:
+        lines.append(f"train.pipeline A/B: FAILED (see {out}/pipeline.log)")
     r0 = next(iter({**cold, **warm}.values()), None)
     if r0 is not None:
         lines.append(f"batch {r0['batch_size']}, {r0['windows']} windows x {r0['steps']} steps, bf16 peak "

@@ -185,6 +185,12 @@ def test_gpu_check_table_from_the_parts_json(tmp_path):
          "triton_ms": 1.5, "speedup": 2.0, "shape": "batch 4096"}]}))
     assert "triton fmb bfloat16: max |diff| 4.0e-03 of 8.0e+00, 1.50 ms vs reference 3.00 ms (x2.00" in \
         mod.table(tmp_path)
+    assert "train.pipeline A/B: FAILED" in mod.table(tmp_path)  # no pipeline/pipeline_ab.json
+    (tmp_path / "pipeline").mkdir()
+    (tmp_path / "pipeline" / "pipeline_ab.json").write_text(json.dumps({"rows": [
+        {"model": "dcnv2", "none": 50000.0, "sparse_dist": 60000.0, "ratio_median": 1.2, "ratios": [1.2]}]}))
+    assert "train.pipeline, dcnv2, 1 process: plain loop 50,000 ex/s, sparse_dist 60,000 ex/s (x1.20)" in \
+        mod.table(tmp_path)
     (tmp_path / "bench-cold.json").write_text("")
     (tmp_path / "bench-warm.json").write_text("not json")
     assert "gem    failed" in mod.table(tmp_path)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+from torchrec.streamable import Pipelineable
 
 from opengem.ops.jagged import jagged_to_padded, lengths_to_offsets, padding_mask
 
@@ -52,7 +53,10 @@ class SequenceBatch:
 
 
 @dataclass
-class Batch:
+class Batch(Pipelineable):
+    """TorchRec's ``Pipelineable`` (``to`` and ``record_stream``): its train pipeline copies batches ahead
+    on a side stream (opengem.train.pipeline)."""
+
     dense: torch.Tensor  # [B, Dd] float32
     sparse: KeyedJaggedTensor  # keys = schema sparse feature names
     sequences: dict[str, SequenceBatch]  # group name -> SequenceBatch
@@ -80,6 +84,17 @@ class Batch:
             example_id=self.example_id.to(device, non_blocking=non_blocking),
             ts=self.ts.to(device, non_blocking=non_blocking),
         )
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every tensor of the batch but the KJT's."""
+        seq = [t for v in self.sequences.values() for t in (v.lengths, *v.ids.values(), *v.dense.values())]
+        return [self.dense, *seq, self.labels, self.label_mask, self.surface, self.example_id, self.ts]
+
+    def record_stream(self, stream: torch.Stream) -> None:
+        """Mark every tensor as used on ``stream`` (a batch copied on one stream and read on another)."""
+        for t in self.tensors():
+            t.record_stream(stream)  # type: ignore[arg-type]
+        self.sparse.record_stream(stream)
 
     def to_device(self, device: torch.device | str) -> Batch:
         """The batch on ``device`` the fast way: to a GPU from page-locked memory without blocking the host.

@@ -158,6 +158,10 @@ class FeatureEmbedding(nn.Module):
             for f in g.id_fields:
                 ec_feats.setdefault(f.table_name, []).append(g.column(f.name))
         self._ebc_features = [n for names in ebc_feats.values() for n in names]
+        # True once TorchRec has sharded ``ebc`` (train/parallelize.py): a sharded EBC permutes its own input
+        # in its input all-to-all, so it takes the batch's whole KJT in schema order, every call alike; the
+        # train pipeline (train/pipeline.py) starts that all-to-all on ``batch.sparse`` itself
+        self.ebc_takes_whole_batch = False
         self.ebc: EmbeddingBagCollection | None = None
         if ebc_feats:
             self.ebc = EmbeddingBagCollection(
@@ -252,7 +256,8 @@ class FeatureEmbedding(nn.Module):
 
         pooled: dict[str, torch.Tensor] = {}
         if self.ebc is not None:
-            kt = self.ebc(_select(batch.sparse, self._ebc_features)).to_dict()
+            names = self.schema.sparse_names if self.ebc_takes_whole_batch else self._ebc_features
+            kt = self.ebc(_select(batch.sparse, names)).to_dict()
             for name in self._ebc_features:
                 pooled[name] = kt[name]
         seq_lookups: dict[str, JaggedTensor] = {}

@@ -25,6 +25,7 @@ AC_MODES = ("none", "layer")  # train.activation_checkpointing (opengem.train.me
 PRECISIONS = ("fp32", "bf16")  # train.precision
 FP8_MODES = ("off", "e4m3", "e5m2")  # train.fp8_saved_activations
 SHARDINGS = ("auto", "table_wise", "row_wise", "column_wise")  # train.sharding (parallelize.py)
+PIPELINES = ("none", "sparse_dist")  # train.pipeline (opengem.train.pipeline)
 
 
 @dataclass
@@ -86,6 +87,9 @@ class TrainConfig:
     precision: str = "fp32"  # fp32 | bf16 (autocast; weights and loss stay fp32)
     # fp32 nn.Linear on CPU: auto (oneDNN where a probe finds it >= 1.3x PyTorch's BLAS) | pytorch | onednn
     cpu_linear: str = "auto"  # (opengem.train.cpu_linear)
+    # none | sparse_dist: TorchRec's TrainPipelineSparseDist in fit() (the next batch's device copy and pooled
+    # embedding input all-to-all start before this batch's forward; opengem.train.pipeline)
+    pipeline: str = "none"
     fp8_saved_activations: str = "off"  # off | e4m3 | e5m2: saved-for-backward tensors stored as float8
     fp8_min_numel: int = 4096  # smaller saved tensors stay as they are
     # --- continuous training (opengem train --online; opengem.train.online)
@@ -123,6 +127,7 @@ class RunConfig:
              f"must be one of {', '.join(SPARSE_OPTIMIZERS)}", t.sparse_optimizer)
         need(t.cpu_linear in CPU_LINEAR_CHOICES, "train.cpu_linear",
              f"must be one of {', '.join(CPU_LINEAR_CHOICES)}", t.cpu_linear)
+        need(t.pipeline in PIPELINES, "train.pipeline", f"must be one of {', '.join(PIPELINES)}", t.pipeline)
         need(t.lr_decay in LR_DECAYS, "train.lr_decay", f"must be one of {', '.join(LR_DECAYS)}", t.lr_decay)
         need(t.lr_decay == "none" or t.steps > 0, "train.lr_decay", "cosine decay needs train.steps > 0",
              t.lr_decay)

@@ -35,11 +35,12 @@ from torch.distributed.device_mesh import DeviceMesh
 from torchrec.distributed import DistributedModelParallel
 from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
 from torchrec.distributed.sharding_plan import get_default_sharders
-from torchrec.distributed.types import ShardingEnv
+from torchrec.distributed.types import ShardedModule, ShardingEnv
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from opengem.data.schema import FeatureSchema
 from opengem.errors import UsageError
+from opengem.model.embedding import FeatureEmbedding
 from opengem.model.registry import build_model
 from opengem.train import distributed
 from opengem.train.compile import apply_compile
@@ -144,14 +145,25 @@ def shard_tables(model: nn.Module, device: torch.device, pg: dist.ProcessGroup,
 
         group = world // replicas
         plan = plan_tables(model, device, pg, cfg.sharding, world=group)
-        return DMPCollection(module=model, device=device, plan=plan, world_size=world,
-                             sharding_group_size=group, global_pg=pg, sharders=sharders,
-                             init_data_parallel=False)
+        return _whole_batch_to_sharded_tables(DMPCollection(
+            module=model, device=device, plan=plan, world_size=world, sharding_group_size=group,
+            global_pg=pg, sharders=sharders, init_data_parallel=False))
     plan = plan_tables(model, device, pg, cfg.sharding)
     dmp = DistributedModelParallel(model, env=ShardingEnv.from_process_group(pg), device=device, plan=plan,
                                    sharders=sharders, init_data_parallel=False)
+    _whole_batch_to_sharded_tables(dmp)
     if device.type != "cpu":
         dmp._dmp_wrapped_module.to(device)  # without DDP DMP leaves the dense part where it was built
+    return dmp
+
+
+def _whole_batch_to_sharded_tables(dmp: DistributedModelParallel) -> DistributedModelParallel:
+    """Sharded pooled tables take the batch's whole KJT (FeatureEmbedding.ebc_takes_whole_batch): their
+    input all-to-all permutes it anyway, and TorchRec's train pipeline can then start that all-to-all on
+    ``batch.sparse`` before the forward (train/pipeline.py) with the key order every other call uses."""
+    for m in dmp.module.modules():
+        if isinstance(m, FeatureEmbedding) and isinstance(m.ebc, ShardedModule):
+            m.ebc_takes_whole_batch = True
     return dmp
 
 

@@ -49,6 +49,15 @@ def optimizer_step(loss: torch.Tensor, opt: torch.optim.Optimizer, sched: Any, d
     """Backward (the fused sparse optimizer steps inside it), dense clip and step; returns the grad norm."""
     opt.zero_grad(set_to_none=True)
     loss.backward()
+    return dense_step(opt, sched, dense, grad_clip, grad_scale)
+
+
+def dense_step(opt: torch.optim.Optimizer, sched: Any, dense: list[nn.Parameter], grad_clip: float,
+               grad_scale: float = 1.0) -> float:
+    """After backward: dense gradient scaling and clipping, the dense step and the schedule; the grad norm.
+
+    Its own function because TorchRec's train pipeline runs zero_grad and backward itself and then calls
+    the optimizer's ``step`` (opengem.train.pipeline), which must still be this step."""
     if grad_scale != 1:  # FSDP averaged over ranks; the global-batch gradient is their sum
         for p in dense:
             if p.grad is not None:

@@ -30,11 +30,12 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import json
 import resource
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -66,10 +67,11 @@ from opengem.train.env import cpu_threads, resolve_device
 from opengem.train.evaluate import BEST, EvalDataError, Validator, evaluate_model
 from opengem.train.optim import EmbeddingL2, build_optimizers
 from opengem.train.parallelize import build_run_model
+from opengem.train.pipeline import PositionedBatches, SparseDistPipeline
 from opengem.train.run_log import RunLog, short_metrics
 from opengem.train.signals import StopSignals
 from opengem.train.startup import StartupTimer
-from opengem.train.step import forward, label_loss, optimizer_step, task_weights
+from opengem.train.step import dense_step, forward, label_loss, optimizer_step, task_weights
 
 __all__ = ["ExtraLosses", "RunInterrupted", "TrainError", "Trainer", "train"]
 
@@ -179,6 +181,7 @@ class Trainer:
         self.last_parts: dict[str, float] = {}
         self._window: list[Any] = [0.0, 0, 0]  # the log window: loss sum, steps, examples
         self.loader_state: dict[str, Any] | None = None
+        self._pipeline: SparseDistPipeline | None = None  # train.pipeline = "sparse_dist", during fit()
         self.resumed: dict[str, Any] | None = None
         if resume and self.checkpointer is not None:
             with timer.phase("checkpoint_load"):
@@ -268,11 +271,18 @@ class Trainer:
     def train_step(self, batch: Batch) -> float:
         """One optimizer step on ``batch`` (this rank's share of the global batch); returns the loss,
         summed over ranks (the global-batch mean)."""
-        t = self.t
         batch = batch.to_device(self.device)  # pinned and non-blocking on GPU
+        loss = self._step_loss(batch)
+        o = self.optimizers
+        self.last_grad_norm = optimizer_step(loss, o.dense_opt, o.scheduler, o.dense, self.t.grad_clip,
+                                             self.parallel.dense_grad_scale)
+        return self._account(loss, batch)
+
+    def _step_loss(self, batch: Batch) -> torch.Tensor:
+        """The step's loss on a batch already on the device: label loss plus extras, this rank's share."""
         if self.emb_l2 is not None:
             self.emb_l2.take()  # nothing left over from a forward that did not end in a step
-        out = forward(self.model, batch, t, self.device)
+        out = forward(self.model, batch, self.t, self.device)
         loss = label_loss(out, batch, self.weights)
         parts: dict[str, float] = {}
         extras = dict(self.extra_losses(out, batch)) if self.extra_losses is not None else {}
@@ -290,9 +300,20 @@ class Trainer:
             loss = loss * n_local / distributed.all_reduce_sum(n_local).clamp(min=1)
         if not torch.isfinite(loss):
             raise TrainError(f"step {self.step}: loss is {loss.item()} (lower train.lr or check the data)")
+        self.last_parts = parts
+        return loss
+
+    def _zero_grad(self) -> None:
+        self.optimizers.dense_opt.zero_grad(set_to_none=True)
+
+    def _dense_step(self) -> None:
+        """The dense half of the step after backward (the train pipeline's optimizer ``step``)."""
         o = self.optimizers
-        self.last_grad_norm = optimizer_step(loss, o.dense_opt, o.scheduler, o.dense, t.grad_clip,
-                                             self.parallel.dense_grad_scale)
+        self.last_grad_norm = dense_step(o.dense_opt, o.scheduler, o.dense, self.t.grad_clip,
+                                         self.parallel.dense_grad_scale)
+
+    def _account(self, loss: torch.Tensor, batch: Batch) -> float:
+        """Counters after a step: step, examples, the loss summed over ranks, the log window."""
         self.step += 1
         distributed.maybe_inject_failure(self.step)
         bsz = batch.batch_size * self.world
@@ -300,15 +321,32 @@ class Trainer:
         lv = float(distributed.all_reduce_sum(loss.detach()) if self.world > 1 else loss.detach())
         self.first_loss = lv if self.first_loss is None else self.first_loss
         self.last_loss = lv
-        self.last_parts = parts
         self._window[0] += lv
         self._window[1] += 1
         self._window[2] += bsz
         return lv
 
+    def _steps(self, loader: Any) -> Iterator[Callable[[], dict[str, Any]]]:
+        """Train on ``loader``'s batches (all ranks alike), yielding after each step a callable that gives
+        the loader position just after the batch trained (what a checkpoint saves)."""
+        batches = distributed.until_any_exhausted(loader, self.device)
+        if self._pipeline is None:
+            for batch in batches:
+                self.train_step(batch)
+                yield loader.state_dict
+            return
+        read = PositionedBatches(batches, loader.state_dict, pin=self.device.type == "cuda")
+        it = iter(read)
+        while self._pipeline.step(it):
+            position = read.trained()
+            self._account(self._pipeline.last_loss, self._pipeline.last_batch)
+            yield functools.partial(dict, position)
+
     def evaluate(self, spec: str | None = None, *, batches: Any = None, max_batches: int = 0
                  ) -> dict[str, Any]:
         """Metrics of the model now on ``spec`` (default ``data.eval``) or on ``batches``."""
+        if self._pipeline is not None:
+            self._pipeline.detach()  # the tables' own forward: the pipeline's returns its prefetched lookup
         if batches is None:
             batches = make_loader(self.ds, spec or self.cfg.data.eval, self.cfg.data, train=False)
         return evaluate_model(self.model, batches, self.schema, self.device, max_batches=max_batches)
@@ -371,12 +409,14 @@ class Trainer:
         stop_code, stop_position = 0, None
         signals = StopSignals(announce=self.is_main)
         self._stack.callback(signals.restore)
+        if t.pipeline == "sparse_dist":
+            self._pipeline = SparseDistPipeline(self.model, self.device, self._step_loss,
+                                                self._zero_grad, self._dense_step)
         while not done:
             loader = self.train_loader()
             seen_in_epoch = 0
             t_step = time.perf_counter()
-            for batch in distributed.until_any_exhausted(loader, self.device):
-                self.train_step(batch)
+            for position in self._steps(loader):
                 seen_in_epoch += 1
                 now = time.perf_counter()
                 if first_step_done:
@@ -394,19 +434,21 @@ class Trainer:
                         self.log.write({"kind": "eval", "step": self.step, **short_metrics(res)}, self.step)
                     if self._early_stop_check(res, self.validator.max_batches):
                         done = True
-                        end_position = loader.state_dict()
+                        end_position = position()
                         break
                 if self.checkpointer.should_save(self.step):
-                    self.save_checkpoint(loader_state=loader.state_dict())
+                    self.save_checkpoint(loader_state=position())
                 if t.steps and self.step >= t.steps:
                     done = True
-                    end_position = loader.state_dict()  # mid-epoch: a later --resume with more steps
+                    end_position = position()  # mid-epoch: a later --resume with more steps
                     break
                 stop_code = signals.requested(self.device)
                 if stop_code:
-                    stop_position = loader.state_dict()
+                    stop_position = position()
                     break
                 t_step = time.perf_counter()
+            if self._pipeline is not None:
+                self._pipeline.reset()  # batches read ahead of a loop that stopped early are not trained
             if stop_code:
                 break
             if loader.problems.total:
@@ -423,6 +465,7 @@ class Trainer:
                     done = True
                     end_position = loader.state_dict()
         signals.restore()  # from here on (final checkpoint, evaluation) Ctrl-C stops at once
+        self._pipeline = None
         if stop_code:
             self._stop(stop_code, stop_position)
         train_s = time.perf_counter() - t_start
