@@ -20,12 +20,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 MODES = ("none", "sparse_dist")
 
 
-def run(args: argparse.Namespace, model: str, mode: str, data: Path, out: Path) -> dict[str, float]:
+def run(args: argparse.Namespace, model: str, mode: str, data: Path, out: Path) -> dict[str, Any]:
     overrides = ["train.progress=false", f"train.threads={args.threads}", f"model.name={model}",
                  f"train.steps={args.steps}", "train.eval_every=0", "train.final_eval=false",
                  "train.checkpoint_every=0", f"train.log_every={args.steps}", f"train.pipeline={mode}",
@@ -38,14 +39,20 @@ def run(args: argparse.Namespace, model: str, mode: str, data: Path, out: Path) 
     load = os.getloadavg()[0]
     t = time.perf_counter()
     r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
-    if r.returncode:
-        raise SystemExit(f"{model} {mode}: exit {r.returncode}\n{r.stderr[-3000:]}")
+    failed = []
+    if r.returncode:  # recorded, and the run repeated once; a second failure ends the benchmark
+        failed.append(r.returncode)
+        print(f"{model} {mode}: exit {r.returncode}, repeating once; stderr tail:\n{r.stderr[-1500:]}",
+              file=sys.stderr, flush=True)
+        r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+        if r.returncode:
+            raise SystemExit(f"{model} {mode}: exit {r.returncode} twice\n{r.stderr[-3000:]}")
     s = json.loads((out / "train_summary.json").read_text())
     steady_s = s["startup"]["train_seconds"]
     per_step = s["examples"] / s["steps"]
     return {"examples_per_s": per_step * (s["steps"] - 1) / steady_s, "first_step_s":
             s["startup"]["phases"].get("first_step", float("nan")), "load_before": load,
-            "wall_s": time.perf_counter() - t, "world_size": s["world_size"]}
+            "wall_s": time.perf_counter() - t, "world_size": s["world_size"], "failed_exit_codes": failed}
 
 
 def main() -> None:
@@ -69,7 +76,7 @@ def main() -> None:
         from opengem.train.config import load_run_config
         from opengem.train.data import prepare_data
         data = prepare_data(load_run_config(args.config, args.overrides).data, out / "data")
-    results: dict[str, dict[str, list[dict[str, float]]]] = {}
+    results: dict[str, dict[str, list[dict[str, Any]]]] = {}
     for rep in range(args.repeats):
         for model in args.models.split(","):
             for mode in (MODES if rep % 2 == 0 else MODES[::-1]):
