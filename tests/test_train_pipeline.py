@@ -69,6 +69,31 @@ def test_pipeline_resume_is_exact(tmp_path, data):
     assert_same_params(tmp_path / "full", tmp_path / "part")
 
 
+@pytest.mark.parametrize("where", ["step", "loop"])
+def test_an_error_mid_fit_gives_the_tables_their_forward_back(tmp_path, data, monkeypatch, where):
+    """An error inside a pipelined step, or in the loop around it (here: saving the step-4 checkpoint),
+    leaves no table on the pipeline's forward: the same Trainer still evaluates with its own lookups."""
+    from torchrec.distributed.train_pipeline.runtime_forwards import PipelinedForward
+
+    from opengem.train import distributed
+    from opengem.train.pipeline import pipelined_tables
+
+    cfg = load_run_config(TINY, [*FAST, *PIPE, "train.steps=8", "train.eval_every=0"])
+    with Trainer(cfg, tmp_path / "run", data) as trainer:
+        if where == "step":
+            monkeypatch.setenv(distributed.INJECT_ENV, "0:3")  # rank 0 raises after step 3
+        else:
+            def failing_save(**kwargs):  # noqa: ANN003, ANN202
+                raise RuntimeError("injected failure: disk full")
+            monkeypatch.setattr(trainer, "save_checkpoint", failing_save)
+        with pytest.raises(RuntimeError, match="injected failure"):
+            trainer.fit()
+        assert trainer.step == (3 if where == "step" else 4)
+        tables = pipelined_tables(trainer.model)
+        assert tables and not any(isinstance(t.forward, PipelinedForward) for t in tables)
+        assert trainer.evaluate(max_batches=1)["rows"] > 0
+
+
 def test_pipeline_setting_is_checked():
     with pytest.raises(ConfigError, match="train.pipeline"):
         load_run_config(TINY, ["train.pipeline=overlap"]).validate()

@@ -272,6 +272,9 @@ def train_online(cfg: RunConfig, run_dir: str | Path, data_dir: str | Path | Non
     try:
         if "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) != 1:
             raise TrainError("opengem train --online runs in one process (not under torchrun)")
+        if t.pipeline != "none":
+            _warn(f"train.pipeline = {t.pipeline!r} is not used by --online: it steps batch by batch, "
+                  "reading each window's timestamps and checkpointing per window")
         data_path = prepare_data(cfg.data, run_dir, data_dir)
         # no run folder for the trainer: this loop owns RUN (config, log, versions); the CLI holds its lock
         with Trainer(cfg, None, data_path, timer=timer) as trainer:

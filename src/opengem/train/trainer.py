@@ -337,10 +337,13 @@ class Trainer:
             return
         read = PositionedBatches(batches, loader.state_dict, pin=self.device.type == "cuda")
         it = iter(read)
-        while self._pipeline.step(it):
-            position = read.trained()
-            self._account(self._pipeline.last_loss, self._pipeline.last_batch)
-            yield functools.partial(dict, position)
+        try:
+            while self._pipeline.step(it):
+                position = read.trained()
+                self._account(self._pipeline.last_loss, self._pipeline.last_batch)
+                yield functools.partial(dict, position)
+        finally:  # the end of the epoch, a loop that stopped early (closed) or an error
+            self._pipeline.reset()  # batches read ahead are not trained; the tables get their forward back
 
     def evaluate(self, spec: str | None = None, *, batches: Any = None, max_batches: int = 0
                  ) -> dict[str, Any]:
@@ -416,39 +419,40 @@ class Trainer:
             loader = self.train_loader()
             seen_in_epoch = 0
             t_step = time.perf_counter()
-            for position in self._steps(loader):
-                seen_in_epoch += 1
-                now = time.perf_counter()
-                if first_step_done:
-                    step_seconds += now - t_step
-                else:
-                    self.timer.add("first_step", now - t_step)
-                    first_step_done = True
-                if self._bar is not None:
-                    self._bar.update(1)
-                if self.step % t.log_every == 0:
-                    window_t = self._log_window(window_t)
-                if self.validator.should_run(self.step):
-                    res = self._evaluate_or_warn(self.validator.max_batches)
-                    if res is not None:
-                        self.log.write({"kind": "eval", "step": self.step, **short_metrics(res)}, self.step)
-                    if self._early_stop_check(res, self.validator.max_batches):
+            # closed on every way out (a break, an error): a pipeline lets go of the batches it read ahead
+            with contextlib.closing(self._steps(loader)) as steps:
+                for position in steps:
+                    seen_in_epoch += 1
+                    now = time.perf_counter()
+                    if first_step_done:
+                        step_seconds += now - t_step
+                    else:
+                        self.timer.add("first_step", now - t_step)
+                        first_step_done = True
+                    if self._bar is not None:
+                        self._bar.update(1)
+                    if self.step % t.log_every == 0:
+                        window_t = self._log_window(window_t)
+                    if self.validator.should_run(self.step):
+                        res = self._evaluate_or_warn(self.validator.max_batches)
+                        if res is not None:
+                            self.log.write({"kind": "eval", "step": self.step, **short_metrics(res)},
+                                           self.step)
+                        if self._early_stop_check(res, self.validator.max_batches):
+                            done = True
+                            end_position = position()
+                            break
+                    if self.checkpointer.should_save(self.step):
+                        self.save_checkpoint(loader_state=position())
+                    if t.steps and self.step >= t.steps:
                         done = True
-                        end_position = position()
+                        end_position = position()  # mid-epoch: a later --resume with more steps
                         break
-                if self.checkpointer.should_save(self.step):
-                    self.save_checkpoint(loader_state=position())
-                if t.steps and self.step >= t.steps:
-                    done = True
-                    end_position = position()  # mid-epoch: a later --resume with more steps
-                    break
-                stop_code = signals.requested(self.device)
-                if stop_code:
-                    stop_position = position()
-                    break
-                t_step = time.perf_counter()
-            if self._pipeline is not None:
-                self._pipeline.reset()  # batches read ahead of a loop that stopped early are not trained
+                    stop_code = signals.requested(self.device)
+                    if stop_code:
+                        stop_position = position()
+                        break
+                    t_step = time.perf_counter()
             if stop_code:
                 break
             if loader.problems.total:
