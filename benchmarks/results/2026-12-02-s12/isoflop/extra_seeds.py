@@ -2,7 +2,7 @@
 (same resolved run config, training and evaluation as `opengem scale --design isoflop`). Session 12's copy of
 session 10's script: its own output folder, and it simulates the study's stream when the folder has none.
 
-    python extra_seeds.py FAMILY LR SEEDS   e.g. dcnv2 0.003 1,2
+    python extra_seeds.py FAMILY LR SEEDS [BUDGET]   e.g. dcnv2 0.003 1,2   (BUDGET: index, default the last)
 """
 import sys
 from pathlib import Path
@@ -23,7 +23,7 @@ cfg = load_isoflop_config(default_config_path("default"), families=[fam_name])
 data = (out / "data") if (out / "data" / "_COMPLETE").exists() else None  # None: simulate the stream once
 st = prepare_study(cfg, out, data, [], lambda m: print(m, flush=True), False)
 plan = plan_grid(cfg.budgets, st.fwd, _batch_size(st), st.train_rows, cfg.min_steps, cfg.max_epochs)
-last = len(cfg.budgets) - 1
+last = int(sys.argv[4]) if len(sys.argv) > 4 else len(cfg.budgets) - 1
 fam = next(f for f in cfg.families if f.name == fam_name)
 size = 0
 p = next(q for q in plan if q.family == fam_name and q.size == size and q.budget == last)

@@ -1,10 +1,12 @@
-"""GEM vs DCNv2 at the iso-FLOP study's largest budget (C = 1.58e12, each ladder's s0, both at lr 3e-3):
-session 10's seeds 0-2 (read from ../../2026-12-02-s10/isoflop/best_lr_compare.txt) and this session's
-seeds 3-8 (RUNS_DIR, trained by extra_seeds.py through the study's own code). Test NE = the mean of pooled
-click and conversion NE on the test day's first 16,384 rows; 95 % Welch t intervals (the study's).
+"""GEM vs DCNv2 at the iso-FLOP study's two largest budgets with more seeds (each ladder's s0, the size the
+study chose there). Session 10's runs are read from its committed files (`isoflop_runs.csv`; for DCNv2 at
+lr 3e-3 at the largest budget, `best_lr_compare.txt`, whose seeds 1-2 were extra runs); this session's from
+RUNS_DIR (`extra_seeds.py`, the study's own code). Test NE = the mean of pooled click and conversion NE on
+the test day's first 16,384 rows; 95 % Welch t intervals (the study's).
 
     python more_seeds.py RUNS_DIR
 """
+import csv
 import json
 import sys
 from pathlib import Path
@@ -14,43 +16,56 @@ from opengem.bench.isoflop import selection_ne
 from opengem.bench.isoflop_report import welch_difference
 
 runs = Path(sys.argv[1])
-s10 = Path(__file__).resolve().parents[2] / "2026-12-02-s10" / "isoflop" / "best_lr_compare.txt"
-rows = {line.split("|")[1].strip(): line.split("|")[2] for line in s10.read_text().splitlines()
-        if line.startswith("| gem (frontier") or line.startswith("| dcnv2 at lr 3e-3")}
-old = {"gem": [float(x) for x in rows["gem (frontier, lr 3e-3)"].split(",")],
-       "dcnv2": [float(x) for x in rows["dcnv2 at lr 3e-3 (frontier: 1e-2)"].split(",")]}
-new: dict[str, list[float]] = {}
-seeds: dict[str, list[int]] = {}
-cal: dict[str, list[tuple[float, float, float, float]]] = {}
-for fam in ("gem", "dcnv2"):
-    for d in sorted(runs.glob(f"{fam}-s0-b3-lr0.003-seed*"), key=lambda p: int(p.name.rsplit("seed", 1)[1])):
-        if int(d.name.rsplit("seed", 1)[1]) < 3 or not (d / "result.json").exists():
-            continue
+s10 = Path(__file__).resolve().parents[2] / "2026-12-02-s10" / "isoflop"
+BUDGETS = {3: "C = 1.58e12", 2: "C = 5e11"}
+
+ne: dict[str, float] = {}  # run name -> test NE
+source: dict[str, str] = {}
+cal: dict[str, tuple[float, ...]] = {}
+with open(s10 / "isoflop_runs.csv") as f:
+    for row in csv.DictReader(f):
+        ne[row["name"]] = float(row["test_ne"])
+        source[row["name"]] = "s10"
+for line in (s10 / "best_lr_compare.txt").read_text().splitlines():
+    if line.startswith("| dcnv2 at lr 3e-3"):
+        for seed, x in enumerate(line.split("|")[2].split(",")):
+            ne[f"dcnv2-s0-b3-lr0.003-seed{seed}"] = float(x)
+            source[f"dcnv2-s0-b3-lr0.003-seed{seed}"] = "s10"
+for d in runs.iterdir():
+    if (d / "result.json").exists():
         t = json.loads((d / "result.json").read_text())["test"]
-        seeds.setdefault(fam, []).append(int(d.name.rsplit("seed", 1)[1]))
-        new.setdefault(fam, []).append(selection_ne(t, "tasks"))
+        ne[d.name], source[d.name] = selection_ne(t, "tasks"), "s12"
         cells = [v["calibration"] for k, v in t.items() if not k.startswith("all/") and v.get("calibration")]
-        cal.setdefault(fam, []).append((t["all/click"]["calibration"], t["all/conversion"]["calibration"],
-                                        min(cells), max(cells)))
+        cal[d.name] = (t["all/click"]["calibration"], t["all/conversion"]["calibration"],
+                       min(cells), max(cells))
 
 
-def line(name: str, a: list[float], b: list[float]) -> str:
-    ma, ha = mean_ci(a)
-    mb, hb = mean_ci(b)
-    r = welch_difference(a, b)
-    star = " *" if r["excludes_zero"] else ""
-    return (f"| {name} | {len(a)} / {len(b)} | {ma:.4f} ± {ha:.4f} | {mb:.4f} ± {hb:.4f} | "
-            f"{r['diff']:+.4f} [{r['ci95'][0]:+.4f}, {r['ci95'][1]:+.4f}]{star} |")
+def group(fam: str, budget: int, lr: str) -> tuple[list[float], list[str]]:
+    names = sorted((n for n in ne if n.startswith(f"{fam}-s0-b{budget}-lr{lr}-seed")),
+                   key=lambda n: int(n.rsplit("seed", 1)[1]))
+    return [ne[n] for n in names], names
 
 
-print("| seeds | runs GEM / DCNv2 | GEM test NE (mean ± 95 %) | DCNv2 at lr 3e-3 "
-      "| GEM minus DCNv2 [95 % Welch] |")
-print("|---|---|---|---|---|")
-print(line("session 10: 0-2", old["gem"], old["dcnv2"]))
-print(line(f"this session: GEM {seeds['gem']}, DCNv2 {seeds['dcnv2']}", new["gem"], new["dcnv2"]))
-print(line("all", old["gem"] + new["gem"], old["dcnv2"] + new["dcnv2"]))
+print("| budget | GEM (lr 3e-3) | DCNv2 at lr | runs GEM / DCNv2 (s10 + s12) | GEM test NE (mean ± 95 %) "
+      "| DCNv2 | GEM minus DCNv2 [95 % Welch] |")
+print("|---|---|---|---|---|---|---|")
+for b, label in BUDGETS.items():
+    g, gn = group("gem", b, "0.003")
+    for lr in ("0.003", "0.01"):
+        d, dn = group("dcnv2", b, lr)
+        if len(d) < 2 or len(g) < 2:
+            continue
+        (mg, hg), (md, hd) = mean_ci(g), mean_ci(d)
+        r = welch_difference(g, d)
+        star = " *" if r["excludes_zero"] else ""
+        count = (f"{sum(source[n] == 's10' for n in gn)}+{sum(source[n] == 's12' for n in gn)} / "
+                 f"{sum(source[n] == 's10' for n in dn)}+{sum(source[n] == 's12' for n in dn)}")
+        print(f"| {label} | s0 | {lr} | {count} | {mg:.4f} ± {hg:.4f} | {md:.4f} ± {hd:.4f} | "
+              f"{r['diff']:+.4f} [{r['ci95'][0]:+.4f}, {r['ci95'][1]:+.4f}]{star} |")
 print()
-for fam in ("gem", "dcnv2"):
-    print(f"{fam} new seeds test NE: " + ", ".join(f"{x:.4f}" for x in new[fam]))
-    print(f"{fam} calibration (pooled click, pooled conversion, lowest cell, highest cell) per new seed: "
-          + "; ".join(", ".join(f"{x:.3f}" for x in c) for c in cal[fam]))
+for n in sorted(ne, key=lambda n: (n.split("-b")[1][0], n)):
+    if source[n] == "s12" or n.startswith(("gem-s0-b3-lr0.003", "dcnv2-s0-b3-lr0.003", "gem-s0-b2-lr0.003",
+                                            "dcnv2-s0-b2-lr0.01")):
+        c = ", ".join(f"{x:.3f}" for x in cal[n]) if n in cal else ""
+        extra = f"  calibration click, conv, cells {c}" if c else ""
+        print(f"{n:32s} {source[n]}  test NE {ne[n]:.4f}{extra}")
