@@ -237,6 +237,27 @@ def test_isoflop_tiny_study_end_to_end_and_resume(tmp_path):
     assert again["runs_trained_now"] == 0 and json_safe(again["frontier"]) == json_safe(res["frontier"])
 
 
+def test_isoflop_learning_rate_chosen_per_budget(tmp_path):
+    """lr_budgets = "each": the grid runs at every budget and each budget's frontier trains at that budget's
+    own choice (the smallest budget's choice under-tuned DCNv2 at the largest ones in session 12)."""
+    from opengem.bench.isoflop import load_isoflop_config, run_study
+
+    cfg = load_isoflop_config(ISO_SMALL, ["budgets=[1.0e8, 4.0e8]", "seeds=1", "lr_grid=[1e-3, 3e-2]",
+                                          "lr_check=false", "lr_budgets=each", "bootstrap=5", "min_steps=2"],
+                              ["dlrm"])
+    cfg.families[0].sizes = cfg.families[0].sizes[:2]
+    res = run_study(cfg, tmp_path, run_overrides=["data.sim.rows=8000", "data.eval_batch_size=4096"],
+                    log=lambda m: None)
+    chosen, grids = res["lr"]["chosen"]["dlrm"], res["lr"]["grid"]["dlrm"]
+    assert len(chosen) == len(grids) == 2 and "every budget" in res["lr"]["rule"]
+    for b, (lr, grid) in enumerate(zip(chosen, grids)):
+        assert set(grid) == {"0.001", "0.03"} and format(lr, "g") == min(grid, key=grid.get)
+        assert res["frontier"]["dlrm"][b]["lr"] == lr
+        assert {q["size"] for q in res["isoflop_curves"]["dlrm"][b]} == {0, 1}
+    with pytest.raises(ConfigError, match="lr_budgets"):
+        load_isoflop_config(ISO_SMALL, ["lr_budgets=largest"])
+
+
 def test_isoflop_cli_errors(capsys):
     from cli_helpers import one_error_line, run_cli
 

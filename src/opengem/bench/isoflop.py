@@ -12,7 +12,9 @@ Steps, in order (each run's result is OUT/runs/<name>/result.json; a killed stud
 1. learning rate per family: a small grid (``lr_grid``) at the smallest budget on one rung of the family's
    ladder (``lr_size``), seed 0, lowest validation NE wins; the rate is reused at every budget and size of
    that family. ``lr_check`` reruns the grid's neighbours of the chosen rate at the largest budget's best
-   size, which says whether the choice transfers to 30x the compute.
+   size, which says whether the choice transfers to 30x the compute. ``lr_budgets = "each"`` runs the grid
+   at every budget instead and uses each budget's own choice there (session 12 measured the smallest
+   budget's choice under-tuning DCNv2 at the two largest budgets by up to 0.016 NE).
 2. every (budget, family, size) at the family's rate, seed 0;
 3. the best size per (budget, family) by validation NE, rerun with seeds 1 .. seeds-1.
 The summary (bench/isoflop_report.py) turns the runs into the frontier, fitted laws, efficiency ratios.
@@ -50,6 +52,8 @@ class IsoflopConfig:
     lr_grid: list[float] = field(default_factory=lambda: [1e-3, 3e-3, 1e-2])  # [] = the recipe's lr
     lr_size: int = 0  # ladder rung the lr grid runs on, at the smallest budget
     lr_check: bool = True  # rerun the neighbouring rates at the largest budget's best size
+    # smallest: choose the rate at the smallest budget and reuse it everywhere | each: choose it per budget
+    lr_budgets: str = "smallest"
     metric: str = "tasks"  # tasks: mean over tasks of the all-surface NE | surface_task | one key
     reference: str = "gem"  # the family whose frontier the others' compute is measured against
     bootstrap: int = 1000  # resamples of seeds for the efficiency ratio's interval
@@ -112,6 +116,8 @@ def validate_isoflop(cfg: IsoflopConfig, where: str = "isoflop") -> None:
     need(cfg.seeds >= 1, f"seeds must be >= 1 (got {cfg.seeds})")
     need(all(lr > 0 for lr in cfg.lr_grid), f"lr_grid values must be > 0 (got {cfg.lr_grid})")
     need(cfg.lr_size >= 0, f"lr_size must be >= 0 (got {cfg.lr_size})")
+    need(cfg.lr_budgets in ("smallest", "each"),
+         f"lr_budgets must be smallest or each (got {cfg.lr_budgets!r})")
     need(cfg.bootstrap >= 0 and cfg.min_steps >= 1 and cfg.max_epochs > 0 and cfg.eval_rows >= 0,
          "bootstrap >= 0, min_steps >= 1, max_epochs > 0 and eval_rows >= 0")
 
@@ -366,36 +372,42 @@ def run_study(cfg: IsoflopConfig, out: str | Path, data_dir: str | Path | None =
             f"valid NE {row['valid_ne']:.5f}, test NE {row['test_ne']:.5f}, {how}")
         return row
 
-    # 1. learning rate per family on the smallest budget
-    lr_choice: dict[str, float | None] = {}
-    lr_grid_res: dict[str, dict[str, float]] = {}
+    # 1. learning rate per family: on the smallest budget, or on each (lr_budgets); one rate per budget
+    n_budgets = len(cfg.budgets)
+    lr_choice: dict[str, list[float | None]] = {}
+    lr_grid_res: dict[str, list[dict[str, float]]] = {}  # per family, per budget the grid ran at
     for fam in fams:
         grid: list[float | None] = list(cfg.lr_grid) or [None]
-        scores = {lr: run(fam, cfg.lr_size, 0, lr, 0, "lr-grid")["valid_ne"] for lr in grid}
-        lr_choice[fam] = min(grid, key=lambda lr: _nan_last(scores[lr]))
-        lr_grid_res[fam] = {("recipe" if lr is None else format(lr, "g")): v for lr, v in scores.items()}
-    # 2. every (budget, family, size) at the family's rate
-    for b in range(len(cfg.budgets)):
+        chosen: list[float | None] = []
+        lr_grid_res[fam] = []
+        for b in range(n_budgets if cfg.lr_budgets == "each" else 1):
+            scores = {lr: run(fam, cfg.lr_size, b, lr, 0, "lr-grid")["valid_ne"] for lr in grid}
+            chosen.append(min(grid, key=lambda lr: _nan_last(scores[lr])))
+            lr_grid_res[fam].append({("recipe" if lr is None else format(lr, "g")): v
+                                     for lr, v in scores.items()})
+        lr_choice[fam] = chosen if len(chosen) == n_budgets else chosen * n_budgets
+    # 2. every (budget, family, size) at the family's rate for that budget
+    for b in range(n_budgets):
         for fam in fams:
             for i in range(len(st.sizes[fam])):
-                run(fam, i, b, lr_choice[fam], 0, "grid")
+                run(fam, i, b, lr_choice[fam][b], 0, "grid")
     # 3. extra seeds at each budget's best size (chosen on validation)
     best: dict[str, list[int]] = {}
     for fam in fams:
         best[fam] = []
         for b in range(len(cfg.budgets)):
             pts = [r for r in records if r["family"] == fam and r["budget"] == b and r["seed"] == 0
-                   and r["lr"] == lr_choice[fam]]
+                   and r["lr"] == lr_choice[fam][b]]
             best[fam].append(min(pts, key=lambda r: _nan_last(r["valid_ne"]))["size"])
             for seed in range(1, cfg.seeds):
-                run(fam, best[fam][b], b, lr_choice[fam], seed, "frontier")
+                run(fam, best[fam][b], b, lr_choice[fam][b], seed, "frontier")
     # 4. does the rate transfer? its grid neighbours at the largest budget's best size
     lr_check: dict[str, dict[str, float]] = {}
     if cfg.lr_check and cfg.lr_grid:
         last = len(cfg.budgets) - 1
         for fam in fams:
             grid_s = sorted(cfg.lr_grid)
-            j = grid_s.index(lr_choice[fam])  # type: ignore[arg-type]
+            j = grid_s.index(lr_choice[fam][last])  # type: ignore[arg-type]
             check = {}
             for lr in grid_s[max(j - 1, 0):j + 2]:
                 check[format(lr, "g")] = run(fam, best[fam][last], last, lr, 0, "lr-check")["valid_ne"]

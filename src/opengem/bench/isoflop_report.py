@@ -62,8 +62,8 @@ def efficiency_ratio(base: PowerLaw | None, target_ne: float, c: float) -> float
     return base.inverse(target_ne) / c
 
 
-def summarize_study(cfg: Any, st: Any, records: list[dict[str, Any]], lr_choice: dict[str, Any],
-                    lr_grid: dict[str, dict[str, float]], lr_check: dict[str, dict[str, float]],
+def summarize_study(cfg: Any, st: Any, records: list[dict[str, Any]], lr_choice: dict[str, list[Any]],
+                    lr_grid: dict[str, list[dict[str, float]]], lr_check: dict[str, dict[str, float]],
                     best: dict[str, list[int]], plan: list[Any]) -> dict[str, Any]:
     from opengem.bench.size_ladder import oracle_with_totals
     from opengem.data.dataset import Dataset
@@ -84,7 +84,7 @@ def summarize_study(cfg: Any, st: Any, records: list[dict[str, Any]], lr_choice:
         frontier[fam], seeds_ne[fam], curves[fam] = [], [], []
         for b, size in enumerate(best[fam]):
             at = [r for r in records if r["family"] == fam and r["budget"] == b and r["size"] == size
-                  and r["lr"] == lr_choice[fam]]
+                  and r["lr"] == lr_choice[fam][b]]
             at.sort(key=lambda r: r["seed"])
             nes = [r["test_ne"] for r in at]
             mean, half = mean_ci(nes)
@@ -97,12 +97,12 @@ def summarize_study(cfg: Any, st: Any, records: list[dict[str, Any]], lr_choice:
             frontier[fam].append({
                 "budget": b, "flops_budget": first["flops_budget"], "train_flops": first["train_flops"],
                 "size": size, "overrides": first["overrides"], "fwd_flops": first["fwd_flops"],
-                "examples": first["examples"], "dense_params": first["dense_params"], "lr": lr_choice[fam],
+                "examples": first["examples"], "dense_params": first["dense_params"], "lr": lr_choice[fam][b],
                 "seeds": len(at), "ne": mean, "ne_ci95": half, "ne_seeds": nes, "valid_ne": first["valid_ne"],
                 "ne_per_key": per_key, "calibration": calibration_summary([r["test"] for r in at])})
             seeds_ne[fam].append(nes)
             pts = sorted((r for r in records if r["family"] == fam and r["budget"] == b and r["seed"] == 0
-                          and r["lr"] == lr_choice[fam]), key=lambda r: r["size"])
+                          and r["lr"] == lr_choice[fam][b]), key=lambda r: r["size"])
             curves[fam].append([{"size": r["size"], "fwd_flops": r["fwd_flops"], "examples": r["examples"],
                                  "valid_ne": r["valid_ne"], "test_ne": r["test_ne"]} for r in pts])
 
@@ -139,15 +139,23 @@ def summarize_study(cfg: Any, st: Any, records: list[dict[str, Any]], lr_choice:
                          for p_ref, p in zip(frontier[ref], fr)]
                    for fam, fr in frontier.items() if fam != ref} if ref in frontier else {}
     lr_transfer = {fam: (min(chk, key=lambda k: chk[k] if chk[k] == chk[k] else math.inf)
-                         == format(lr_choice[fam], "g")) for fam, chk in lr_check.items()}
+                         == format(lr_choice[fam][-1], "g")) for fam, chk in lr_check.items()}
+    each = getattr(cfg, "lr_budgets", "smallest") == "each"
+    rule = (f"grid {cfg.lr_grid} at every budget on ladder rung {cfg.lr_size}, seed 0, lowest validation NE; "
+            "each budget's rate at every size of the family there" if each else
+            f"grid {cfg.lr_grid} at the smallest budget on ladder rung {cfg.lr_size}, seed 0, "
+            "lowest validation NE; reused at every budget and size of the family")
     return {
         "metric": cfg.metric, "metric_keys": mk, "oracle_ne": floor, "oracle_per_key": oracle_keys,
         "budgets": list(cfg.budgets), "splits": {"train": st.train_spec, "valid": st.valid_spec,
                                                  "test": st.test_spec}, "train_rows": st.train_rows,
         "law": "NE = a * C^-b + c on the frontier, C = training FLOPs = 3 x forward FLOPs/example x rows",
-        "lr": {"rule": f"grid {cfg.lr_grid} at the smallest budget on ladder rung {cfg.lr_size}, seed 0, "
-                       "lowest validation NE; reused at every budget and size of the family",
-               "chosen": dict(lr_choice), "grid": lr_grid, "check_largest_budget": lr_check,
+        # "chosen" and "grid": one rate and one grid per family (the smallest budget's) unless lr_budgets =
+        # "each", then a list per family, one per budget
+        "lr": {"rule": rule,
+               "chosen": {f: (list(v) if each else v[0]) for f, v in lr_choice.items()},
+               "grid": {f: (list(g) if each else g[0]) for f, g in lr_grid.items()},
+               "check_largest_budget": lr_check,
                "chosen_still_best_at_largest": lr_transfer},
         "frontier": frontier, "fits": {k: (v.to_dict() if v else None) for k, v in fits.items()},
         "efficiency_reference": ref, "efficiency": efficiency, "gap_closed_vs_dlrm": gap,
@@ -235,7 +243,8 @@ def format_study(res: dict[str, Any]) -> str:
     lines = [f"NE metric: {res['metric']} ({', '.join(res['metric_keys'])}) on the test day "
              f"{res['splits']['test']}; oracle NE {_fmt(res['oracle_ne'])}",
              f"learning rate: {res['lr']['rule']}"]
-    for fam, grid in res["lr"]["grid"].items():
+    for fam, grids in res["lr"]["grid"].items():
+        grid = grids[0] if isinstance(grids, list) else grids  # lr_budgets = "each": one grid per budget
         chk = res["lr"]["check_largest_budget"].get(fam)
         tail = ""
         if chk:
@@ -244,6 +253,9 @@ def format_study(res: dict[str, Any]) -> str:
             tail += " (chosen still best)" if ok else " (chosen NOT best: the rate does not transfer)"
         lines.append(f"  {fam:<7} chose {res['lr']['chosen'][fam]}; validation NE "
                      + ", ".join(f"{k}: {_fmt(v, '.5f')}" for k, v in grid.items()) + tail)
+        for b, g in enumerate(grids[1:] if isinstance(grids, list) else [], start=1):
+            lines.append(f"  {'':<7} budget {b}: chose {res['lr']['chosen'][fam][b]}; "
+                         + ", ".join(f"{k}: {_fmt(v, '.5f')}" for k, v in g.items()))
     tasks = [k for k in res["oracle_per_key"] if k.startswith("all/")] or \
         sorted({k for fr in res["frontier"].values() for p in fr for k in p["calibration"]["pooled"]})
     head = (f"{'family':<7}{'C':>9}{'size':>5}{'MFLOP/ex':>9}{'rows':>9}{'NE':>9}{'+-95%':>8}{'n':>3}"
