@@ -254,6 +254,10 @@ def test_isoflop_learning_rate_chosen_per_budget(tmp_path):
         assert set(grid) == {"0.001", "0.03"} and format(lr, "g") == min(grid, key=grid.get)
         assert res["frontier"]["dlrm"][b]["lr"] == lr
         assert {q["size"] for q in res["isoflop_curves"]["dlrm"][b]} == {0, 1}
+    from opengem.bench.isoflop_report import format_study
+
+    text = format_study(res)  # the printed report names each budget's choice
+    assert f"chose {chosen}" in text and f"budget 1: chose {chosen[1]}" in text
     with pytest.raises(ConfigError, match="lr_budgets"):
         load_isoflop_config(ISO_SMALL, ["lr_budgets=largest"])
 
