@@ -140,7 +140,7 @@ def summarize_study(cfg: Any, st: Any, records: list[dict[str, Any]], lr_choice:
                    for fam, fr in frontier.items() if fam != ref} if ref in frontier else {}
     lr_transfer = {fam: (min(chk, key=lambda k: chk[k] if chk[k] == chk[k] else math.inf)
                          == format(lr_choice[fam][-1], "g")) for fam, chk in lr_check.items()}
-    each = getattr(cfg, "lr_budgets", "smallest") == "each"
+    each = cfg.lr_budgets == "each"
     rule = (f"grid {cfg.lr_grid} at every budget on ladder rung {cfg.lr_size}, seed 0, lowest validation NE; "
             "each budget's rate at every size of the family there" if each else
             f"grid {cfg.lr_grid} at the smallest budget on ladder rung {cfg.lr_size}, seed 0, "

@@ -108,8 +108,11 @@ class Batch(Pipelineable):
         device = torch.device(device)
         if device.type != "cuda" or self.dense.device.type == "cuda":
             return self.to(device)
-        src = self if self.dense.is_pinned() else self.pin_memory()
-        return src.to(device, non_blocking=True)
+        return self.pinned().to(device, non_blocking=True)
+
+    def pinned(self) -> Batch:
+        """This batch in page-locked memory: itself when a loader already pinned it, else a pinned copy."""
+        return self if self.dense.is_pinned() else self.pin_memory()
 
     def pin_memory(self) -> Batch:
         return Batch(

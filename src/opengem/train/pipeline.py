@@ -80,7 +80,7 @@ class PositionedBatches:
     def __iter__(self) -> Iterator[Batch]:
         for batch in self._batches:
             self._positions.append(self._position())
-            yield batch.pin_memory() if self._pin and not batch.dense.is_pinned() else batch
+            yield batch.pinned() if self._pin else batch
 
     def trained(self) -> dict[str, Any]:
         """The position after the oldest batch read and not yet accounted for (the one just trained)."""
