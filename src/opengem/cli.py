@@ -40,6 +40,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "validate": ("opengem.data.validate", "check a dataset against its schema"),
     "train": ("opengem.train.cli", f"train a model: model.name = {' | '.join(MODEL_NAMES)}"),
     "evaluate": ("opengem.train.evaluate", "evaluate a run: NE, AUC, calibration per surface x task"),
+    "calibrate": ("opengem.train.calibrate", "fit a run's probability level per surface x task on held-out "
+                  "data (Platt scaling); evaluate, predict, export and serve apply it"),
     "predict": ("opengem.train.predict", "score rows with a trained run: example_id, surface, one "
                 "probability per task -> Parquet"),
     "export": ("opengem.serve.export_cli", "export a trained run for serving: weights + data contract, "

@@ -41,6 +41,7 @@ from opengem.serve.artifact import Artifact, check_out, write_artifact
 from opengem.serve.errors import ArtifactError
 from opengem.serve.lookup import FlatFeatures, FlatJagged, with_plain_lookups
 from opengem.train import checkpoint as ckpt
+from opengem.train.calibrate import apply_run_calibration
 from opengem.train.config import load_run_config
 from opengem.train.distributed import process_group
 from opengem.train.evaluate import RunNotFoundError, run_checkpoint
@@ -362,11 +363,15 @@ def load_run(spec: str | Path) -> LoadedRun:
             state = plain_state(sharded)
     model = build_model(schema, cfg.model)
     model.load_state_dict(state)
+    calibration = None
     if version is None:
         trained_through = _trained_through(data_path, cfg.data.train, schema)
+        # the run's calibration (opengem calibrate) travels folded into the exported weights
+        calibration = apply_run_calibration(model, run, ckpt_path, list(schema.surfaces), schema.task_names,
+                                            who="opengem export")
     name = f"v{version:04d}" if version is not None else f"{meta.get('run_id') or run.name}@step{step}"
     source = {"run": str(run.resolve()), "checkpoint": str(ckpt_path), "step": step,
-              "run_id": meta.get("run_id"), "data": str(data_path)}
+              "run_id": meta.get("run_id"), "data": str(data_path), "calibration": calibration}
     return LoadedRun(model.eval(), schema, cfg.model, name, trained_through, source, data_path)
 
 

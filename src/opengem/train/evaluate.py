@@ -32,6 +32,7 @@ from opengem.errors import DatasetError, OpengemError
 from opengem.metrics import NE_BASE_RATE, MetricAccumulator
 from opengem.model.heads import masked_bce
 from opengem.train import checkpoint as ckpt
+from opengem.train.calibrate import apply_run_calibration
 from opengem.train.compile import prepare_compile
 from opengem.train.config import RunConfig, load_run_config
 from opengem.train.data import make_loader
@@ -131,13 +132,15 @@ class OpenRun:
     checkpoint: Path
     best: bool  # the checkpoint is early stopping's best
     step: int
+    calibration: dict[str, Any] | None = None  # RUN/calibration.json as applied (None: none applied)
 
 
 @contextlib.contextmanager
-def open_run(run_dir: str | Path, data_dir: str | Path | None = None, device: str | None = None
-             ) -> Iterator[OpenRun]:
+def open_run(run_dir: str | Path, data_dir: str | Path | None = None, device: str | None = None,
+             calibrated: bool = True) -> Iterator[OpenRun]:
     """Rebuild a run's model from RUN/config.toml and load its checkpoint (see :func:`run_checkpoint`),
-    inside a process group that lives as long as the ``with`` block."""
+    inside a process group that lives as long as the ``with`` block; with ``calibrated`` the run's
+    calibration (``opengem calibrate``) is folded in when it was fitted on that checkpoint."""
     run_dir = Path(run_dir)
     cfg_path = run_dir / "config.toml"
     if not cfg_path.exists():
@@ -151,7 +154,9 @@ def open_run(run_dir: str | Path, data_dir: str | Path | None = None, device: st
     with process_group(dev) as pg, cpu_threads(cfg.train.threads):
         model = build_run_model(ds.schema, cfg, dev, pg).model
         step = ckpt.load_model(model, path)
-        yield OpenRun(cfg, ds, data_path, model, dev, path, best, step)
+        applied = (apply_run_calibration(model, run_dir, path, list(ds.schema.surfaces), ds.schema.task_names)
+                   if calibrated else None)
+        yield OpenRun(cfg, ds, data_path, model, dev, path, best, step, applied)
 
 
 def evaluate_run(run_dir: str | Path, data_dir: str | Path | None = None, partitions: str | None = None,
@@ -167,12 +172,13 @@ def evaluate_run(run_dir: str | Path, data_dir: str | Path | None = None, partit
             res = evaluate_model(r.model, make_loader(ds, spec, cfg.data, train=False), ds.schema, r.device)
         except EvalDataError as e:
             raise EvalDataError(f"{data_path}: partitions {', '.join(chosen)}: {e}") from None
-        path, step, best = r.checkpoint, r.step, r.best
+        path, step, best, calibration = r.checkpoint, r.step, r.best, r.calibration
     out: dict[str, Any] = {
         "model": cfg.model.name,
         "checkpoint": str(path),
         "checkpoint_kind": "best (early stopping)" if best else "newest",
         "step": step,
+        "calibration": calibration,
         "spec": spec,
         "data": str(data_path.resolve()),
         "partitions": chosen,
@@ -246,7 +252,9 @@ def run(args: argparse.Namespace) -> int:
     first = next(iter(outs.values()))
     print(format_metrics(outs, first.get("oracle")))
     for name, out in outs.items():
-        print(f"{name}: checkpoint {out['checkpoint']} (step {out['step']}, {out['checkpoint_kind']}); "
-              f"wrote {', '.join(out['written'])}")
+        cal = out["calibration"]
+        cal_note = f", calibrated ({cal['method']} on {', '.join(cal['fitted_on'] or [])})" if cal else ""
+        print(f"{name}: checkpoint {out['checkpoint']} (step {out['step']}, {out['checkpoint_kind']}"
+              f"{cal_note}); wrote {', '.join(out['written'])}")
     print(f"(cal = mean prediction / observed rate; {first['ne_base_rate']})")
     return 0

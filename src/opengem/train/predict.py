@@ -81,7 +81,8 @@ def predict_run(run_dir: str | Path, out: str | Path, data_dir: str | Path | Non
             tmp.unlink(missing_ok=True)
             raise
         return {"out": str(out), "rows": rows, "partitions": chosen, "checkpoint": str(r.checkpoint),
-                "checkpoint_kind": "best (early stopping)" if r.best else "newest", "step": r.step}
+                "checkpoint_kind": "best (early stopping)" if r.best else "newest", "step": r.step,
+                "calibration": r.calibration}
 
 
 def _record_batch(batch: Any, probs: torch.Tensor, tasks: list[str], surfaces: list[str],
@@ -109,6 +110,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     warnings.filterwarnings("ignore", category=FutureWarning)  # TorchRec/DCP deprecation notices
     res = predict_run(args.run, args.out, args.data, args.partitions, args.device, force=args.force)
+    cal = res["calibration"]
+    cal_note = f", calibrated ({cal['method']} on {', '.join(cal['fitted_on'] or [])})" if cal else ""
     print(f"wrote {res['out']}: {res['rows']} rows of {', '.join(res['partitions'])} "
-          f"(checkpoint {res['checkpoint']}, step {res['step']}, {res['checkpoint_kind']})")
+          f"(checkpoint {res['checkpoint']}, step {res['step']}, {res['checkpoint_kind']}{cal_note})")
     return 0

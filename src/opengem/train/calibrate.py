@@ -1,0 +1,356 @@
+"""``opengem calibrate``: refit each surface x task's probability level on held-out data (Platt scaling).
+
+Why. Ads auctions price on the probability, and click and conversion rates drift: campaigns start and stop,
+seasons turn, the auction changes. A model trained on several days with shuffled rows predicts roughly
+their average; on the simulator's iso-FLOP stream the conversion rate falls from 1.30 % on day 0 to
+1.10-1.13 % on days 6-7, and every family trained on days 0-5 over-predicts the test day's conversions by
+5-14 %. Production ads systems answer this with a calibration stage fitted on the freshest labelled data,
+separate from the ranking model (He et al. 2014, "Practical Lessons from Predicting Clicks on Ads at
+Facebook", on calibration); this is that stage.
+
+How. For each surface x task the calibrated probability is ``sigmoid(a * z + c)`` with ``z`` the model's
+logit, ``(a, c)`` fitted by maximum likelihood (Newton's method; convex) on a held-out selection: by
+default the run's ``data.eval``, never a partition the run trained on. ``--method offset`` fixes ``a = 1``
+(a level shift only), as does a cell whose best slope is not positive (a model that ranks it backwards
+keeps its ranking). A cell with fewer than ``--min-positives`` positives (or negatives) takes its task's
+fit over all surfaces; a task with too few of either keeps the identity. The fit is folded into the head's
+last layer (``W[s, :, t] <- a W[s, :, t]``, ``b[s, t] <- a b[s, t] + c``), which is exact because the logit is
+linear in both: every reader of the model (evaluate, predict, export and serve, knowledge generation)
+gets the calibrated probabilities with no extra op, and the checkpoint itself is never rewritten.
+
+The fit is stored as RUN/calibration.json (plain JSON; nothing is unpickled), with the digest of the
+checkpoint it was fitted on. A run whose checkpoint has changed since (training went on) is loaded without
+it, with a warning: calibrate again. ``--remove`` deletes it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from opengem.data.commit import atomic_write_text
+from opengem.errors import OpengemError, UsageError
+from opengem.model.heads import MultiSurfaceHead
+
+CALIBRATION = "calibration.json"
+FORMAT = 1
+METHODS = ("platt", "offset")
+MIN_SLOPE = 0.05  # a fitted slope at or below this keeps the model's slope (1) and fits the offset only
+
+
+class CalibrationError(OpengemError):
+    """RUN/calibration.json cannot be used as it is (unreadable, malformed, or for another schema)."""
+
+
+@dataclass
+class CalibrationFit:
+    """Per (surface, task): slope ``a`` and offset ``c`` of the logit, and what each cell's fit rests on."""
+
+    slope: np.ndarray  # [S, T]
+    offset: np.ndarray  # [S, T]
+    cells: dict[str, dict[str, Any]] = field(default_factory=dict)  # "surface/task" -> counts, source
+
+
+def fit_logistic(z: np.ndarray, y: np.ndarray, slope: bool = True, iters: int = 50) -> tuple[float, float]:
+    """Maximum-likelihood ``(a, c)`` of ``P(y = 1) = sigmoid(a z + c)`` (``a`` fixed at 1 without ``slope``).
+
+    Newton's method from the identity with step halving: the log loss is convex in (a, c), so this reaches
+    the optimum in a handful of steps; a tiny ridge keeps the Hessian invertible when ``z`` is constant.
+    """
+    z = np.asarray(z, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    if z.shape != y.shape or z.ndim != 1 or not len(z):
+        raise ValueError(f"fit_logistic: z {z.shape} and y {y.shape} must be equal non-empty vectors")
+    params = np.array([1.0, 0.0])
+
+    def loss(p: np.ndarray) -> float:
+        s = p[0] * z + p[1]
+        return float(np.sum(np.logaddexp(0.0, s) - y * s))
+
+    current = loss(params)
+    for _ in range(iters):
+        s = params[0] * z + params[1]
+        q = 1.0 / (1.0 + np.exp(-s))
+        r, w = q - y, q * (1.0 - q)
+        if slope:
+            grad = np.array([np.dot(r, z), r.sum()])
+            hess = np.array([[np.dot(w, z * z), np.dot(w, z)], [np.dot(w, z), w.sum()]])
+            hess += np.eye(2) * 1e-9 * max(len(z), 1)
+            step = np.linalg.solve(hess, grad)
+        else:
+            step = np.array([0.0, r.sum() / max(w.sum(), 1e-12)])
+        t = 1.0
+        while t > 1e-6:
+            cand = params - t * step
+            new = loss(cand)
+            if new <= current:
+                break
+            t *= 0.5
+        else:
+            break  # no descent along Newton's direction: at the optimum to numerical precision
+        params, gain, current = cand, current - new, new
+        if gain <= 1e-12 * max(abs(current), 1.0):
+            break
+    return float(params[0]), float(params[1])
+
+
+def fit_calibration(logits: np.ndarray, labels: np.ndarray, mask: np.ndarray, surface: np.ndarray,
+                    surfaces: list[str], tasks: list[str], method: str = "platt", min_positives: int = 30
+                    ) -> CalibrationFit:
+    """One ``(a, c)`` per surface x task from rows' logits [N, T], labels [N, T], observed mask [N, T] and
+    surface index [N]; see the module docstring for the fallbacks."""
+    if method not in METHODS:
+        raise UsageError(f"--method {method}: choose one of {', '.join(METHODS)}")
+    S, T = len(surfaces), len(tasks)
+    slope, offset = np.ones((S, T)), np.zeros((S, T))
+    cells: dict[str, dict[str, Any]] = {}
+    use_slope = method == "platt"
+    for t, task in enumerate(tasks):
+        seen = mask[:, t].astype(bool)
+        z_all, y_all = logits[seen, t].astype(np.float64), labels[seen, t].astype(np.float64)
+        pooled: tuple[float, float] | None = None
+        pos_all = int(y_all.sum())
+        if min(pos_all, len(y_all) - pos_all) >= min_positives:
+            pooled = _fit_cell(z_all, y_all, use_slope)
+        for s, name in enumerate(surfaces):
+            mine = surface[seen] == s
+            z, y = z_all[mine], y_all[mine]
+            pos = int(y.sum())
+            if min(pos, len(y) - pos) >= min_positives:
+                a, c = _fit_cell(z, y, use_slope)
+                source = "own"
+            elif pooled is not None:
+                (a, c), source = pooled, f"all/{task}"
+            else:
+                a, c, source = 1.0, 0.0, "none (too few labels)"
+            slope[s, t], offset[s, t] = a, c
+            before = _mean_sigmoid(z) / y.mean() if len(y) and pos else math.nan
+            after = _mean_sigmoid(a * z + c) / y.mean() if len(y) and pos else math.nan
+            cells[f"{name}/{task}"] = {"labelled": int(len(y)), "positives": pos, "source": source,
+                                       "slope": a, "offset": c, "cal_before": _num(before),
+                                       "cal_after": _num(after)}
+    return CalibrationFit(slope, offset, cells)
+
+
+def _fit_cell(z: np.ndarray, y: np.ndarray, use_slope: bool) -> tuple[float, float]:
+    """Platt's (a, c), or the offset alone when the best slope is not positive: a model that ranks a
+    cell backwards (or not at all) must not have its ranking reversed or erased by calibration."""
+    a, c = fit_logistic(z, y, slope=use_slope)
+    if a <= MIN_SLOPE:
+        a, c = fit_logistic(z, y, slope=False)
+    return a, c
+
+
+def _mean_sigmoid(s: np.ndarray) -> float:
+    return float(np.mean(1.0 / (1.0 + np.exp(-s)))) if len(s) else math.nan
+
+
+def _num(x: float) -> float | None:
+    return None if x != x else float(x)
+
+
+def find_head(model: nn.Module) -> MultiSurfaceHead:
+    """The model's one multi-surface head (every opengem model's logits are its output)."""
+    heads = [m for m in model.modules() if isinstance(m, MultiSurfaceHead)]
+    if len(heads) != 1:
+        raise CalibrationError(f"calibration needs a model with exactly one multi-surface head, found "
+                               f"{len(heads)}")
+    return heads[0]
+
+
+@torch.no_grad()
+def fold_into_head(model: nn.Module, slope: np.ndarray, offset: np.ndarray) -> None:
+    """Make the model's logits ``a * z + c`` per (surface, task) by rescaling its head's last layer."""
+    head = find_head(model)
+    want = (head.num_surfaces, head.num_tasks)
+    if slope.shape != want or offset.shape != want:
+        raise CalibrationError(f"calibration has shape {slope.shape}, the model's head {want} "
+                               "[surfaces, tasks]")
+    w, b = _full(head.out_weight), _full(head.out_bias)
+    a = torch.as_tensor(slope, dtype=w.dtype, device=w.device)
+    c = torch.as_tensor(offset, dtype=w.dtype, device=w.device)
+    _assign(head.out_weight, w * a[:, None, :])
+    _assign(head.out_bias, b * a + c)
+
+
+def _full(p: torch.Tensor) -> torch.Tensor:
+    return p.full_tensor() if hasattr(p, "full_tensor") else p.detach()
+
+
+def _assign(p: torch.Tensor, value: torch.Tensor) -> None:
+    if hasattr(p, "device_mesh"):  # a DTensor (FSDP2): each rank keeps its own shard of the new value
+        from torch.distributed.tensor import distribute_tensor
+
+        value = distribute_tensor(value, p.device_mesh, p.placements)
+    p.copy_(value)
+
+
+def _checkpoint_digest(checkpoint: Path) -> str:
+    from opengem.train import checkpoint as ckpt
+
+    return ckpt.recorded_digest(checkpoint)
+
+
+def read_calibration(path: Path, surfaces: list[str], tasks: list[str]) -> dict[str, Any]:
+    """RUN/calibration.json, checked: for this schema, finite numbers of the right shape, positive slopes."""
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CalibrationError(f"{path}: unreadable ({e}); run opengem calibrate again or remove "
+                               "it") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise CalibrationError(f"{path}: not an opengem calibration file (format {FORMAT})")
+    if doc.get("method") not in METHODS or not isinstance(doc.get("checkpoint_digest"), str):
+        raise CalibrationError(f"{path}: 'method' must be one of {', '.join(METHODS)} and "
+                               "'checkpoint_digest' a string")
+    if doc.get("surfaces") != surfaces or doc.get("tasks") != tasks:
+        raise CalibrationError(f"{path}: fitted for surfaces {doc.get('surfaces')} and tasks "
+                               f"{doc.get('tasks')}, the run has {surfaces} and {tasks}")
+    for key in ("slope", "offset"):
+        rows = doc.get(key)
+        ok = (isinstance(rows, list) and len(rows) == len(surfaces)
+              and all(isinstance(r, list) and len(r) == len(tasks) for r in rows)
+              and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                      for r in rows for v in r))
+        if not ok:
+            raise CalibrationError(f"{path}: '{key}' must be a [{len(surfaces)}][{len(tasks)}] list of "
+                                   "finite numbers")
+    if any(v < MIN_SLOPE for r in doc["slope"] for v in r):
+        raise CalibrationError(f"{path}: a slope below {MIN_SLOPE} would reverse or erase the ranking")
+    return doc
+
+
+def apply_run_calibration(model: nn.Module, run_dir: str | Path, checkpoint: str | Path,
+                          surfaces: list[str], tasks: list[str], who: str = "opengem"
+                          ) -> dict[str, Any] | None:
+    """Fold RUN/calibration.json into ``model`` (loaded from ``checkpoint``) when it was fitted on that
+    checkpoint; returns what was applied (None: no file, or fitted on another checkpoint: warned)."""
+    path = Path(run_dir) / CALIBRATION
+    if not path.exists():
+        return None
+    doc = read_calibration(path, surfaces, tasks)
+    if doc["checkpoint_digest"] != _checkpoint_digest(Path(checkpoint)):
+        print(f"{who}: warning: {path} was fitted on checkpoint {doc.get('checkpoint')}, not on "
+              f"{checkpoint}: not applied (run opengem calibrate again)", file=sys.stderr, flush=True)
+        return None
+    fold_into_head(model, np.array(doc["slope"], dtype=np.float64),
+                   np.array(doc["offset"], dtype=np.float64))
+    fitted_on = doc.get("fitted_on")
+    return {"file": str(path), "method": doc["method"],
+            "fitted_on": fitted_on.get("partitions") if isinstance(fitted_on, dict) else None}
+
+
+def _collect(r: Any, spec: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    from opengem.train.data import make_loader
+
+    zs, ys, ms, ss = [], [], [], []
+    r.model.eval()
+    with torch.no_grad():
+        for batch in make_loader(r.ds, spec, r.cfg.data, train=False):
+            batch = batch.to(r.device)
+            zs.append(r.model(batch).logits.double().cpu().numpy())
+            ys.append(batch.labels.double().cpu().numpy())
+            ms.append(batch.label_mask.bool().cpu().numpy())
+            ss.append(batch.surface.cpu().numpy())
+    if not zs:
+        raise CalibrationError(f"{r.data_path}: partitions {spec}: no rows to calibrate on")
+    return np.concatenate(zs), np.nan_to_num(np.concatenate(ys)), np.concatenate(ms), np.concatenate(ss)
+
+
+def calibrate_run(run_dir: str | Path, data_dir: str | Path | None = None, partitions: str | None = None,
+                  method: str = "platt", min_positives: int = 30, device: str | None = None
+                  ) -> dict[str, Any]:
+    """Fit the run's calibration on ``partitions`` (default: its data.eval) and write RUN/calibration.json;
+    returns the document written."""
+    from opengem.train.distributed import world_size
+    from opengem.train.evaluate import open_run
+
+    if method not in METHODS:
+        raise UsageError(f"--method {method}: choose one of {', '.join(METHODS)}")
+    if min_positives < 1:
+        raise UsageError(f"--min-positives {min_positives}: must be >= 1")
+    if world_size() > 1:
+        raise UsageError("opengem calibrate runs in one process (not under torchrun with several ranks)")
+    run_dir = Path(run_dir)
+    with open_run(run_dir, data_dir, device, calibrated=False) as r:
+        spec = partitions or r.cfg.data.eval
+        chosen = r.ds.select(spec)
+        trained = set(r.ds.select(r.cfg.data.train)) if data_dir is None else set()
+        overlap = sorted(trained & set(chosen))
+        if overlap:
+            raise UsageError(f"--partitions {spec}: {', '.join(overlap)} is training data of this run; "
+                             "calibrate on held-out rows (default: the run's data.eval)")
+        surfaces, tasks = list(r.ds.schema.surfaces), r.ds.schema.task_names
+        z, y, m, s = _collect(r, spec)
+        fit = fit_calibration(z, y, m, s, surfaces, tasks, method, min_positives)
+        doc = {
+            "format": FORMAT,
+            "method": method,
+            "min_positives": min_positives,
+            "checkpoint": str(r.checkpoint),
+            "checkpoint_digest": _checkpoint_digest(r.checkpoint),
+            "step": r.step,
+            "fitted_on": {"data": str(Path(r.data_path).resolve()), "spec": spec, "partitions": chosen,
+                          "rows": int(len(z))},
+            "surfaces": surfaces,
+            "tasks": tasks,
+            "slope": fit.slope.tolist(),
+            "offset": fit.offset.tolist(),
+            "cells": fit.cells,
+        }
+    atomic_write_text(run_dir / CALIBRATION, json.dumps(doc, indent=2) + "\n")
+    return doc
+
+
+def format_fit(doc: dict[str, Any]) -> str:
+    """Per cell: labelled rows, positives, where its fit comes from, (a, c), calibration before and after."""
+    def f(x: float | None) -> str:
+        return "-" if x is None else f"{x:.3f}"
+
+    lines = [f"{'surface/task':<24}{'labelled':>10}{'positives':>10}{'slope':>8}{'offset':>9}"
+             f"{'cal before':>12}{'cal after':>11}  fit"]
+    for key, c in doc["cells"].items():
+        lines.append(f"{key:<24}{c['labelled']:>10}{c['positives']:>10}{c['slope']:>8.3f}{c['offset']:>9.3f}"
+                     f"{f(c['cal_before']):>12}{f(c['cal_after']):>11}  {c['source']}")
+    return "\n".join(lines)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--run", "--run-dir", dest="run", required=True,
+                   help="training run folder (has config.toml and checkpoints/)")
+    p.add_argument("--data", default=None, help="dataset folder (default: the one the run trained on)")
+    p.add_argument("--partitions", default=None,
+                   help="held-out partitions to fit on (default: the run's data.eval; never its training "
+                        "data)")
+    p.add_argument("--method", default="platt", choices=list(METHODS),
+                   help="platt: slope and offset of the logit per surface x task; offset: level only")
+    p.add_argument("--min-positives", type=int, default=30,
+                   help="a cell with fewer positives (or negatives) takes its task's fit over all surfaces")
+    p.add_argument("--remove", action="store_true", help="delete RUN/calibration.json and fit nothing")
+    p.add_argument("--device", default=None, choices=["auto", "cpu", "cuda"])
+
+
+def run(args: argparse.Namespace) -> int:
+    warnings.filterwarnings("ignore", category=FutureWarning)  # TorchRec/DCP deprecation notices
+    path = Path(args.run) / CALIBRATION
+    if args.remove:
+        existed = path.exists()
+        path.unlink(missing_ok=True)
+        print(f"removed {path}" if existed else f"{path}: none to remove")
+        return 0
+    doc = calibrate_run(args.run, args.data, args.partitions, args.method, args.min_positives, args.device)
+    print(format_fit(doc))
+    print(f"wrote {path}: {doc['method']} on {', '.join(doc['fitted_on']['partitions'])} "
+          f"({doc['fitted_on']['rows']} rows; checkpoint {doc['checkpoint']}, step {doc['step']}); "
+          "evaluate, predict, export and serve now apply it")
+    return 0
