@@ -14,9 +14,10 @@ default the run's ``data.eval``, never a partition the run trained on. ``--metho
 (a level shift only), as does a cell whose best slope is not positive (a model that ranks it backwards
 keeps its ranking). A cell with fewer than ``--min-positives`` positives (or negatives) takes its task's
 fit over all surfaces; a task with too few of either keeps the identity. The fit is folded into the head's
-last layer (``W[s, :, t] <- a W[s, :, t]``, ``b[s, t] <- a b[s, t] + c``), which is exact because the logit is
-linear in both: every reader of the model (evaluate, predict, export and serve, knowledge generation)
-gets the calibrated probabilities with no extra op, and the checkpoint itself is never rewritten.
+last layer (``W[s, :, t] <- a W[s, :, t]``, ``b[s, t] <- a b[s, t] + c``), which is exact because the
+logit is linear in both: evaluate, predict, export and serve get the calibrated probabilities with no extra
+op, and the checkpoint itself is never rewritten. Knowledge generation (``opengem generate``) reads an FM
+version's checkpoint as it is.
 
 The fit is stored as RUN/calibration.json (plain JSON; nothing is unpickled), with the digest of the
 checkpoint it was fitted on. A run whose checkpoint has changed since (training went on) is loaded without
