@@ -262,6 +262,37 @@ def test_isoflop_learning_rate_chosen_per_budget(tmp_path):
         load_isoflop_config(ISO_SMALL, ["lr_budgets=largest"])
 
 
+def test_isoflop_runs_calibrated_on_validation(tmp_path):
+    """calibrate = platt: each run's calibration is fitted on its validation rows, test is scored through it
+    (the raw test metrics kept beside), and RUN/calibration.json makes `opengem evaluate` score the same."""
+    import json
+
+    from opengem.bench.isoflop import load_isoflop_config, run_study
+    from opengem.bench.isoflop_report import format_study
+    from opengem.train.evaluate import evaluate_run
+
+    cfg = load_isoflop_config(ISO_SMALL, ["budgets=[1.0e8, 4.0e8]", "seeds=1", "lr_grid=[]", "lr_check=false",
+                                          "bootstrap=5", "min_steps=2", "calibrate=platt"], ["dlrm"])
+    cfg.families[0].sizes = cfg.families[0].sizes[:1]
+    res = run_study(cfg, tmp_path, run_overrides=["data.sim.rows=40000", "data.eval_batch_size=4096"],
+                    log=lambda m: None)  # ~5,000 validation rows: enough clicks for a fit of their own
+    assert res["calibrate"] == "platt"
+    assert "platt calibration fitted on its validation rows" in format_study(res)
+    for run in sorted((tmp_path / "runs").iterdir()):
+        rec = json.loads((run / "result.json").read_text())
+        assert rec["calibrate"] == "platt" and rec["test_uncalibrated"]["all/click"]["ne"] > 0
+        assert rec["test"]["all/click"]["calibration"] != rec["test_uncalibrated"]["all/click"]["calibration"]
+        doc = json.loads((run / "calibration.json").read_text())
+        assert doc["fitted_on"]["spec"] == "day=006" and doc["method"] == "platt"
+        assert doc["cells"]["feed/click"]["source"] == "own"
+        ev = evaluate_run(run, partitions=rec["test_spec"], write=False)
+        for k in ("all/click", "all/conversion"):
+            assert ev["metrics"][k]["ne"] == pytest.approx(rec["test"][k]["ne"], rel=1e-5)
+            assert ev["metrics"][k]["calibration"] == pytest.approx(rec["test"][k]["calibration"], rel=1e-5)
+    with pytest.raises(ConfigError, match="calibrate"):
+        load_isoflop_config(ISO_SMALL, ["calibrate=isotonic"])
+
+
 def test_isoflop_cli_errors(capsys):
     from cli_helpers import one_error_line, run_cli
 

@@ -58,6 +58,10 @@ class IsoflopConfig:
     reference: str = "gem"  # the family whose frontier the others' compute is measured against
     bootstrap: int = 1000  # resamples of seeds for the efficiency ratio's interval
     eval_rows: int = 0  # validation and test each on their first rows (whole eval batches); 0 = all rows
+    # none | platt | offset: after training, fit each run's calibration (opengem calibrate) on its validation
+    # rows and report test calibrated (the uncalibrated test metrics stay in result.json as
+    # test_uncalibrated; validation, which chooses rates and sizes, is the model's own)
+    calibrate: str = "none"
     min_steps: int = 8  # refuse a plan in which some run gets fewer optimizer steps than this
     max_epochs: float = 1.0  # refuse a plan in which some run reads the training days more often
 
@@ -118,6 +122,8 @@ def validate_isoflop(cfg: IsoflopConfig, where: str = "isoflop") -> None:
     need(cfg.lr_size >= 0, f"lr_size must be >= 0 (got {cfg.lr_size})")
     need(cfg.lr_budgets in ("smallest", "each"),
          f"lr_budgets must be smallest or each (got {cfg.lr_budgets!r})")
+    need(cfg.calibrate in ("none", "platt", "offset"),
+         f"calibrate must be none, platt or offset (got {cfg.calibrate!r})")
     need(cfg.bootstrap >= 0 and cfg.min_steps >= 1 and cfg.max_epochs > 0 and cfg.eval_rows >= 0,
          "bootstrap >= 0, min_steps >= 1, max_epochs > 0 and eval_rows >= 0")
 
@@ -243,10 +249,13 @@ def run_name(family: str, size: int, budget: int, lr: float | None, seed: int) -
     return f"{family}-s{size}-b{budget}-lr{'recipe' if lr is None else format(lr, 'g')}-seed{seed}"
 
 
-def train_and_test(rc: Any, run_dir: Path, test_spec: str, eval_rows: int = 0) -> tuple[dict[str, Any], bool]:
+def train_and_test(rc: Any, run_dir: Path, test_spec: str, eval_rows: int = 0, calibrate: str = "none"
+                   ) -> tuple[dict[str, Any], bool]:
     """Train one run, then evaluate it on the validation (``data.eval``) and test partitions, each on its
-    first ``eval_rows`` rows in whole eval batches (0 = all); reuses RUN/result.json when it was written
-    for the identical resolved config and evaluation. Returns (record, trained now)."""
+    first ``eval_rows`` rows in whole eval batches (0 = all); with ``calibrate`` (platt | offset) the run's
+    calibration is fitted on those validation rows, written to RUN/calibration.json and test is evaluated
+    again through it. Reuses RUN/result.json when it was written for the identical resolved config and
+    evaluation. Returns (record, trained now)."""
     from opengem.train.trainer import Trainer
 
     ident = hashlib.sha256(json.dumps(to_dict(rc), sort_keys=True, default=str).encode()).hexdigest()
@@ -255,22 +264,46 @@ def train_and_test(rc: Any, run_dir: Path, test_spec: str, eval_rows: int = 0) -
     max_batches = -(-eval_rows // batch) if eval_rows else 0
     if done.exists():
         rec = json.loads(done.read_text())
-        if (rec.get("config_sha256"), rec.get("test_spec"), rec.get("eval_batches")) == \
-                (ident, test_spec, max_batches):
+        if (rec.get("config_sha256"), rec.get("test_spec"), rec.get("eval_batches"),
+                rec.get("calibrate", "none")) == (ident, test_spec, max_batches, calibrate):
             return rec, False
+    test_raw = None
     with Trainer(rc, run_dir, rc.data.path, force=True) as tr:
         s = tr.fit()
         valid = tr.evaluate(rc.data.eval, max_batches=max_batches)["metrics"]
         test = tr.evaluate(test_spec, max_batches=max_batches)["metrics"]
+        if calibrate != "none":
+            _calibrate(tr, run_dir, calibrate, max_batches)
+            test_raw, test = test, tr.evaluate(test_spec, max_batches=max_batches)["metrics"]
     records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
     setup = [r for r in records if r.get("kind") == "setup"][-1]
     rec = {"config_sha256": ident, "test_spec": test_spec, "eval_batches": max_batches,
            "steps": s["steps"], "examples": s["examples"],
            "flops_per_example": s["flops_per_example"], "train_seconds": s["train_seconds"],
            "examples_per_s": s["examples_per_s"], "dense_params": setup.get("dense_params"),
-           "embedding_params": setup.get("embedding_params"), "valid": valid, "test": test}
+           "embedding_params": setup.get("embedding_params"), "valid": valid, "test": test,
+           "calibrate": calibrate, "test_uncalibrated": test_raw}
     atomic_write_text(done, json.dumps(rec, indent=2))
     return rec, True
+
+
+def _calibrate(tr: Any, run_dir: Path, method: str, max_batches: int) -> None:
+    """Fit the trained model's calibration on its validation rows, fold it in, and write RUN/calibration.json
+    for the run's final checkpoint, so that ``opengem evaluate`` of the run scores as the study does."""
+    from opengem.train.calibrate import CALIBRATION, calibrate_model, calibration_document
+    from opengem.train.data import make_loader
+    from opengem.train.evaluate import run_checkpoint
+
+    schema = tr.ds.schema
+    surfaces, tasks = list(schema.surfaces), schema.task_names
+    spec = tr.cfg.data.eval
+    fit, rows = calibrate_model(tr.model, make_loader(tr.ds, spec, tr.cfg.data, train=False), tr.device,
+                                surfaces, tasks, method, max_batches=max_batches)
+    checkpoint, _best = run_checkpoint(run_dir)
+    fitted_on = {"data": str(Path(tr.data_path).resolve()), "spec": spec, "partitions": tr.ds.select(spec),
+                 "rows": rows}
+    doc = calibration_document(fit, method, 30, checkpoint, tr.step, fitted_on, surfaces, tasks)
+    atomic_write_text(run_dir / CALIBRATION, json.dumps(doc, indent=2) + "\n")
 
 
 def prepare_study(cfg: IsoflopConfig, out: Path, data_dir: str | Path | None, extra: list[str],
@@ -356,7 +389,7 @@ def run_study(cfg: IsoflopConfig, out: str | Path, data_dir: str | Path | None =
             return existing
         t1 = time.perf_counter()
         rec, trained = train_and_test(st.run_config(fams[fam], size, p.steps, lr, seed), out / "runs" / name,
-                                      st.test_spec, cfg.eval_rows)
+                                      st.test_spec, cfg.eval_rows, cfg.calibrate)
         counter[0] += trained
         row = {"name": name, "family": fam, "model": fams[fam].model or fam, "size": size, "budget": budget,
                "flops_budget": p.flops_budget, "lr": lr, "seed": seed, "roles": [role],

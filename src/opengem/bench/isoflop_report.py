@@ -147,6 +147,7 @@ def summarize_study(cfg: Any, st: Any, records: list[dict[str, Any]], lr_choice:
             "lowest validation NE; reused at every budget and size of the family")
     return {
         "metric": cfg.metric, "metric_keys": mk, "oracle_ne": floor, "oracle_per_key": oracle_keys,
+        "calibrate": cfg.calibrate,  # none, or how each run's test was calibrated on its validation rows
         "budgets": list(cfg.budgets), "splits": {"train": st.train_spec, "valid": st.valid_spec,
                                                  "test": st.test_spec}, "train_rows": st.train_rows,
         "law": "NE = a * C^-b + c on the frontier, C = training FLOPs = 3 x forward FLOPs/example x rows",
@@ -262,8 +263,11 @@ def format_study(res: dict[str, Any]) -> str:
             + "".join(f"{'cal ' + k.split('/')[1][:5]:>11}" for k in tasks) + f"{'cell cal range':>16}"
             + ("".join(f"{'gap ' + k.split('/')[1][:5]:>11}" for k in tasks) if res["gap_closed_vs_dlrm"]
                else ""))
+    calibrated = res.get("calibrate", "none")
     lines += ["", "frontier (best size per budget by validation NE; NE mean over seeds with 95 % t interval; "
-              "cal = mean prediction / observed rate; gap = share of the DLRM->oracle NE gap closed)",
+              "cal = mean prediction / observed rate; gap = share of the DLRM->oracle NE gap closed"
+              + (f"; test scored through each run's {calibrated} calibration fitted on its validation rows"
+                 if calibrated != "none" else "") + ")",
               head, "-" * len(head)]
     for fam, fr in res["frontier"].items():
         for b, p in enumerate(fr):

@@ -251,21 +251,53 @@ def apply_run_calibration(model: nn.Module, run_dir: str | Path, checkpoint: str
             "fitted_on": fitted_on.get("partitions") if isinstance(fitted_on, dict) else None}
 
 
-def _collect(r: Any, spec: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    from opengem.train.data import make_loader
-
+def collect_logits(model: nn.Module, batches: Any, device: torch.device, max_batches: int = 0
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(logits [N, T], labels [N, T] with 0 where unobserved, observed mask [N, T], surface [N]) of the
+    model on ``batches`` (the first ``max_batches``; 0 = all), in eval mode, one process."""
     zs, ys, ms, ss = [], [], [], []
-    r.model.eval()
+    model.eval()
     with torch.no_grad():
-        for batch in make_loader(r.ds, spec, r.cfg.data, train=False):
-            batch = batch.to(r.device)
-            zs.append(r.model(batch).logits.double().cpu().numpy())
+        for i, batch in enumerate(batches):
+            if max_batches and i >= max_batches:
+                break
+            batch = batch.to(device)
+            zs.append(model(batch).logits.double().cpu().numpy())
             ys.append(batch.labels.double().cpu().numpy())
             ms.append(batch.label_mask.bool().cpu().numpy())
             ss.append(batch.surface.cpu().numpy())
     if not zs:
-        raise CalibrationError(f"{r.data_path}: partitions {spec}: no rows to calibrate on")
+        raise CalibrationError("no rows to calibrate on")
     return np.concatenate(zs), np.nan_to_num(np.concatenate(ys)), np.concatenate(ms), np.concatenate(ss)
+
+
+def calibrate_model(model: nn.Module, batches: Any, device: torch.device, surfaces: list[str],
+                    tasks: list[str], method: str = "platt", min_positives: int = 30, max_batches: int = 0
+                    ) -> tuple[CalibrationFit, int]:
+    """Fit on ``batches`` and fold the fit into ``model``; returns (the fit, rows it was fitted on)."""
+    z, y, m, s = collect_logits(model, batches, device, max_batches)
+    fit = fit_calibration(z, y, m, s, surfaces, tasks, method, min_positives)
+    fold_into_head(model, fit.slope, fit.offset)
+    return fit, int(len(z))
+
+
+def calibration_document(fit: CalibrationFit, method: str, min_positives: int, checkpoint: Path, step: int,
+                         fitted_on: dict[str, Any], surfaces: list[str], tasks: list[str]) -> dict[str, Any]:
+    """What RUN/calibration.json holds (see :func:`read_calibration` for what a reader checks)."""
+    return {
+        "format": FORMAT,
+        "method": method,
+        "min_positives": min_positives,
+        "checkpoint": str(checkpoint),
+        "checkpoint_digest": _checkpoint_digest(checkpoint),
+        "step": step,
+        "fitted_on": fitted_on,
+        "surfaces": surfaces,
+        "tasks": tasks,
+        "slope": fit.slope.tolist(),
+        "offset": fit.offset.tolist(),
+        "cells": fit.cells,
+    }
 
 
 def calibrate_run(run_dir: str | Path, data_dir: str | Path | None = None, partitions: str | None = None,
@@ -273,6 +305,7 @@ def calibrate_run(run_dir: str | Path, data_dir: str | Path | None = None, parti
                   ) -> dict[str, Any]:
     """Fit the run's calibration on ``partitions`` (default: its data.eval) and write RUN/calibration.json;
     returns the document written."""
+    from opengem.train.data import make_loader
     from opengem.train.distributed import world_size
     from opengem.train.evaluate import open_run
 
@@ -292,23 +325,15 @@ def calibrate_run(run_dir: str | Path, data_dir: str | Path | None = None, parti
             raise UsageError(f"--partitions {spec}: {', '.join(overlap)} is training data of this run; "
                              "calibrate on held-out rows (default: the run's data.eval)")
         surfaces, tasks = list(r.ds.schema.surfaces), r.ds.schema.task_names
-        z, y, m, s = _collect(r, spec)
+        try:
+            z, y, m, s = collect_logits(r.model, make_loader(r.ds, spec, r.cfg.data, train=False), r.device)
+        except CalibrationError:
+            raise CalibrationError(f"{r.data_path}: partitions {spec}: no rows to calibrate on") from None
         fit = fit_calibration(z, y, m, s, surfaces, tasks, method, min_positives)
-        doc = {
-            "format": FORMAT,
-            "method": method,
-            "min_positives": min_positives,
-            "checkpoint": str(r.checkpoint),
-            "checkpoint_digest": _checkpoint_digest(r.checkpoint),
-            "step": r.step,
-            "fitted_on": {"data": str(Path(r.data_path).resolve()), "spec": spec, "partitions": chosen,
-                          "rows": int(len(z))},
-            "surfaces": surfaces,
-            "tasks": tasks,
-            "slope": fit.slope.tolist(),
-            "offset": fit.offset.tolist(),
-            "cells": fit.cells,
-        }
+        fitted_on = {"data": str(Path(r.data_path).resolve()), "spec": spec, "partitions": chosen,
+                     "rows": int(len(z))}
+        doc = calibration_document(fit, method, min_positives, r.checkpoint, r.step, fitted_on, surfaces,
+                                   tasks)
     atomic_write_text(run_dir / CALIBRATION, json.dumps(doc, indent=2) + "\n")
     return doc
 
