@@ -1,0 +1,10 @@
+#!/bin/bash
+# Session 13: the learning-rate grid [1e-3, 3e-3, 1e-2] completed at every budget for GEM and DCNv2, seed 0
+# (session 10 ran it at the smallest budget, and at the largest for the chosen rate's neighbours), two at a time.
+cd "$(dirname "$0")"
+PY=/work/main/.venv/bin/python
+OUT=/work/s12/iso/out
+run() { $PY extra_runs.py $OUT "$@" 2>&1 | grep -v -i "warn\|topology\|Heuristical\|else \|shape = \|device = \|md.size" ; }
+( run gem 0.001 0 1; run gem 0.01 0 1; run gem 0.001 0 2; run gem 0.01 0 2 ) > grid_gem.log &
+( run dcnv2 0.001 0 1; run dcnv2 0.003 0 1; run dcnv2 0.001 0 2; run dcnv2 0.001 0 3 ) > grid_dcnv2.log &
+wait
