@@ -207,6 +207,8 @@ def test_cli_fits_prints_refuses_training_data_and_removes(tiny_run, tmp_path, c
     assert "feed/click" in out and f"wrote {run / CALIBRATION}" in out
     assert main(["evaluate", "--run", str(run)]) == 0
     assert "calibrated (platt on day=002)" in capsys.readouterr().out
+    assert main(["export", str(run), "--out", str(tmp_path / "art"), "--backend", "eager"]) == 0
+    assert "calibrated (platt on day=002)" in capsys.readouterr().out
     assert main(["calibrate", "--run", str(run), "--partitions", "day=000"]) == 2
     assert "training data of this run" in capsys.readouterr().err
     (run / CALIBRATION).write_text("[]")

@@ -27,6 +27,8 @@ def run(args: argparse.Namespace) -> int:
     warnings.filterwarnings("ignore", category=FutureWarning)  # TorchRec/DCP deprecation notices
     res = export_run(args.run, args.out, backend=args.backend, force=args.force)
     timing = ", ".join(f"{k} {v:.1f}s" for k, v in res.items() if k.endswith("_s"))
+    cal = res["source"].get("calibration")
+    cal_note = f", calibrated ({cal['method']} on {', '.join(cal['fitted_on'] or [])})" if cal else ""
     print(f"exported {args.run} -> {res['out']}: version {res['version']}, trained through ts "
-          f"{res['trained_through_ts']}, backends {', '.join(res['backends'])} ({timing})")
+          f"{res['trained_through_ts']}, backends {', '.join(res['backends'])}{cal_note} ({timing})")
     return 0

@@ -1,13 +1,15 @@
-"""GEM's compute-efficiency ratio against DCNv2 with DCNv2 at its better learning rate at every budget
-(issue 14). Session 10's study fitted DCNv2's law on its frontier at the rate chosen at the smallest budget
-(1e-2), which under-tunes it at the two largest budgets; session 12 ran DCNv2 at 3e-3 there (9 seeds each).
-Here each budget's DCNv2 point is the rate with the lower mean *validation* NE among the rates run at that
-budget (never the test NE), the law is refitted with the study's own code (``fit_frontier``: NE = a C^-b + c,
-c in [oracle, min NE)), and the ratio is the budget DCNv2's law needs to reach GEM's test NE at the largest
-budget, over GEM's budget, with the study's bootstrap over seeds (2,000 resamples).
+"""GEM's compute-efficiency ratio against DCNv2 with each family's learning rate chosen at every budget
+(issue 14). Session 10's study chose each family's rate once, at the smallest budget, and reused it; that
+under-tunes DCNv2 at the two largest budgets. Here each (family, budget) takes the rate of the grid
+[1e-3, 3e-3, 1e-2] whose seed-0 run has the lowest validation NE (the study's own rule, applied per budget as
+``lr_budgets = "each"`` does; never the test NE); its frontier point is the mean test NE of that rate's seeds.
+The law is refitted with the study's code (``fit_frontier``: NE = a C^-b + c, c in [oracle, min NE)), and the
+ratio is the budget DCNv2's law needs to reach GEM's test NE, over GEM's budget, with the study's bootstrap
+over seeds (2,000 resamples). Runs: session 10's CSV (seeds 0-2, the grid at the smallest budget, the lr
+check at the largest), session 12's extra seeds, session 13's runs completing the grid (run_grid.sh).
 
-    python efficiency.py /work/s12/iso/out/runs     # session 12's runs (result.json of each)
-    python efficiency.py /work/s12/iso/out/runs 2:0.003   # sensitivity: force a budget's DCNv2 rate
+    python efficiency.py /work/s12/iso/out/runs            # the runs of sessions 12 and 13 (result.json each)
+    python efficiency.py /work/s12/iso/out/runs 2:0.003    # sensitivity: force a budget's DCNv2 rate
 """
 import csv
 import json
@@ -52,14 +54,13 @@ for d in sorted(Path(sys.argv[1]).iterdir()):
 
 FORCE = {int(k): float(v) for k, v in (a.split(":") for a in sys.argv[2:])}
 frontier: dict[str, list[dict]] = {"gem": [], "dcnv2": []}
-print("| family | budget | rates run (mean validation NE, seeds) | chosen | seeds | test NE mean ± 95 % |")
+print("| family | budget | rates: seed-0 validation NE (seeds run) | chosen | seeds | test NE mean ± 95 % |")
 print("|---|---|---|---|---|---|")
 for fam in frontier:
     for b in range(4):
         options = {lr: seeds for (f, bb, lr), seeds in runs.items() if f == fam and bb == b}
-        valid = {lr: float(np.nanmean([s["valid"] for s in v])) for lr, v in options.items()}
-        if fam == "gem":
-            valid = {lr: v for lr, v in valid.items() if lr == 0.003}  # the study's rate (best at b0 and b3)
+        valid = {lr: next(s["valid"] for s in v if s["seed"] == 0) for lr, v in options.items()
+                 if any(s["seed"] == 0 for s in v)}
         lr = min(valid, key=valid.get)
         if fam == "dcnv2" and b in FORCE:
             lr = FORCE[b]

@@ -8,3 +8,6 @@ run() { $PY extra_runs.py $OUT "$@" 2>&1 | grep -v -i "warn\|topology\|Heuristic
 ( run gem 0.001 0 1; run gem 0.01 0 1; run gem 0.001 0 2; run gem 0.01 0 2 ) > grid_gem.log &
 ( run dcnv2 0.001 0 1; run dcnv2 0.003 0 1; run dcnv2 0.001 0 2; run dcnv2 0.001 0 3 ) > grid_dcnv2.log &
 wait
+# then: seeds 1-8 of the two rates that seed 0 chose differently from before (GEM 1e-2 at budget 1, DCNv2 1e-3
+# at budget 3), so that every frontier point rests on >= 3 seeds (9 where the other rate has 9)
+# ( run dcnv2 0.001 1,2,3,4,5,6,7,8 3 ) > seeds_dcnv2.log & ( run gem 0.01 1,2,3,4,5,6,7,8 1 ) > seeds_gem.log &
