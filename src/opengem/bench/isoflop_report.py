@@ -141,10 +141,11 @@ def summarize_study(cfg: Any, st: Any, records: list[dict[str, Any]], lr_choice:
     lr_transfer = {fam: (min(chk, key=lambda k: chk[k] if chk[k] == chk[k] else math.inf)
                          == format(lr_choice[fam][-1], "g")) for fam, chk in lr_check.items()}
     each = cfg.lr_budgets == "each"
-    rule = (f"grid {cfg.lr_grid} at every budget on ladder rung {cfg.lr_size}, seed 0, lowest validation NE; "
-            "each budget's rate at every size of the family there" if each else
-            f"grid {cfg.lr_grid} at the smallest budget on ladder rung {cfg.lr_size}, seed 0, "
-            "lowest validation NE; reused at every budget and size of the family")
+    seeds = "seed 0" if cfg.lr_seeds == 1 else f"seeds 0-{cfg.lr_seeds - 1}"
+    rule = (f"grid {cfg.lr_grid} at every budget on ladder rung {cfg.lr_size}, {seeds}, lowest mean "
+            "validation NE; each budget's rate at every size of the family there" if each else
+            f"grid {cfg.lr_grid} at the smallest budget on ladder rung {cfg.lr_size}, {seeds}, "
+            "lowest mean validation NE; reused at every budget and size of the family")
     return {
         "metric": cfg.metric, "metric_keys": mk, "oracle_ne": floor, "oracle_per_key": oracle_keys,
         "calibrate": cfg.calibrate,  # none, or how each run's test was calibrated on its validation rows
