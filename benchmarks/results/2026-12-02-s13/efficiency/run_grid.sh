@@ -11,3 +11,7 @@ wait
 # then: seeds 1-8 of the two rates that seed 0 chose differently from before (GEM 1e-2 at budget 1, DCNv2 1e-3
 # at budget 3), so that every frontier point rests on >= 3 seeds (9 where the other rate has 9)
 # ( run dcnv2 0.001 1,2,3,4,5,6,7,8 3 ) > seeds_dcnv2.log & ( run gem 0.01 1,2,3,4,5,6,7,8 1 ) > seeds_gem.log &
+# then DLRM's grid at the budgets where only its smallest-budget choice (3e-3) ran, seed 0
+# ( run dlrm 0.001 0 1; run dlrm 0.001 0 2 ) > grid_dlrm_a.log & ( run dlrm 0.01 0 1; run dlrm 0.01 0 2 ) > grid_dlrm_b.log &
+# then seeds 1-2 of DLRM 1e-3 at budgets 1 and 2 (the mean rule's choice there; 3e-3 has 3 seeds)
+# ( run dlrm 0.001 1,2 1 ) > seeds_dlrm_a.log & ( run dlrm 0.001 1,2 2 ) > seeds_dlrm_b.log &
