@@ -81,7 +81,7 @@ def fit_logistic(z: np.ndarray, y: np.ndarray, slope: bool = True, iters: int = 
     current = loss(params)
     for _ in range(iters):
         s = params[0] * z + params[1]
-        q = 1.0 / (1.0 + np.exp(-s))
+        q = _sigmoid(s)
         r, w = q - y, q * (1.0 - q)
         if slope:
             grad = np.array([np.dot(r, z), r.sum()])
@@ -152,8 +152,12 @@ def _fit_cell(z: np.ndarray, y: np.ndarray, use_slope: bool) -> tuple[float, flo
     return a, c
 
 
+def _sigmoid(s: np.ndarray) -> np.ndarray:
+    return np.exp(-np.logaddexp(0.0, -s))  # no overflow for large |s|
+
+
 def _mean_sigmoid(s: np.ndarray) -> float:
-    return float(np.mean(1.0 / (1.0 + np.exp(-s)))) if len(s) else math.nan
+    return float(np.mean(_sigmoid(s))) if len(s) else math.nan
 
 
 def _num(x: float) -> float | None:
