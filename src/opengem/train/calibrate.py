@@ -46,6 +46,7 @@ from opengem.model.heads import MultiSurfaceHead
 CALIBRATION = "calibration.json"
 FORMAT = 1
 METHODS = ("platt", "offset")
+MIN_POSITIVES = 30  # a cell with fewer positives (or negatives) takes its task's fit over all surfaces
 MIN_SLOPE = 0.05  # a fitted slope at or below this keeps the model's slope (1) and fits the offset only
 
 
@@ -106,8 +107,8 @@ def fit_logistic(z: np.ndarray, y: np.ndarray, slope: bool = True, iters: int = 
 
 
 def fit_calibration(logits: np.ndarray, labels: np.ndarray, mask: np.ndarray, surface: np.ndarray,
-                    surfaces: list[str], tasks: list[str], method: str = "platt", min_positives: int = 30
-                    ) -> CalibrationFit:
+                    surfaces: list[str], tasks: list[str], method: str = "platt",
+                    min_positives: int = MIN_POSITIVES) -> CalibrationFit:
     """One ``(a, c)`` per surface x task from rows' logits [N, T], labels [N, T], observed mask [N, T] and
     surface index [N]; see the module docstring for the fallbacks."""
     if method not in METHODS:
@@ -276,8 +277,8 @@ def collect_logits(model: nn.Module, batches: Any, device: torch.device, max_bat
 
 
 def calibrate_model(model: nn.Module, batches: Any, device: torch.device, surfaces: list[str],
-                    tasks: list[str], method: str = "platt", min_positives: int = 30, max_batches: int = 0
-                    ) -> tuple[CalibrationFit, int]:
+                    tasks: list[str], method: str = "platt", min_positives: int = MIN_POSITIVES,
+                    max_batches: int = 0) -> tuple[CalibrationFit, int]:
     """Fit on ``batches`` and fold the fit into ``model``; returns (the fit, rows it was fitted on)."""
     z, y, m, s = collect_logits(model, batches, device, max_batches)
     fit = fit_calibration(z, y, m, s, surfaces, tasks, method, min_positives)
@@ -305,7 +306,7 @@ def calibration_document(fit: CalibrationFit, method: str, min_positives: int, c
 
 
 def calibrate_run(run_dir: str | Path, data_dir: str | Path | None = None, partitions: str | None = None,
-                  method: str = "platt", min_positives: int = 30, device: str | None = None
+                  method: str = "platt", min_positives: int = MIN_POSITIVES, device: str | None = None
                   ) -> dict[str, Any]:
     """Fit the run's calibration on ``partitions`` (default: its data.eval) and write RUN/calibration.json;
     returns the document written."""
@@ -364,7 +365,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "data)")
     p.add_argument("--method", default="platt", choices=list(METHODS),
                    help="platt: slope and offset of the logit per surface x task; offset: level only")
-    p.add_argument("--min-positives", type=int, default=30,
+    p.add_argument("--min-positives", type=int, default=MIN_POSITIVES,
                    help="a cell with fewer positives (or negatives) takes its task's fit over all surfaces")
     p.add_argument("--remove", action="store_true", help="delete RUN/calibration.json and fit nothing")
     p.add_argument("--device", default=None, choices=["auto", "cpu", "cuda"])
