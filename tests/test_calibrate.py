@@ -16,13 +16,11 @@ from opengem.data.schema import FeatureSchema
 from opengem.model.registry import MODEL_NAMES, ModelConfig, build_model
 from opengem.ops.kernel import Kernel
 from opengem.serve.export import load_run
-from opengem.train.calibrate import (
+from opengem.train.calibrate import calibrate_run, fit_calibration, fit_logistic
+from opengem.train.calibration import (
     CALIBRATION,
     CalibrationError,
-    calibrate_run,
     find_head,
-    fit_calibration,
-    fit_logistic,
     fold_into_head,
     read_calibration,
 )

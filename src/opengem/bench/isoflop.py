@@ -297,7 +297,8 @@ def train_and_test(rc: Any, run_dir: Path, test_spec: str, eval_rows: int = 0, c
 def _calibrate(tr: Any, run_dir: Path, method: str, max_batches: int) -> None:
     """Fit the trained model's calibration on its validation rows, fold it in, and write RUN/calibration.json
     for the run's final checkpoint, so that ``opengem evaluate`` of the run scores as the study does."""
-    from opengem.train.calibrate import CALIBRATION, MIN_POSITIVES, calibrate_model, calibration_document
+    from opengem.train.calibrate import MIN_POSITIVES, calibrate_model, calibration_document
+    from opengem.train.calibration import CALIBRATION
     from opengem.train.data import make_loader
     from opengem.train.evaluate import run_checkpoint
 

@@ -41,7 +41,7 @@ from opengem.serve.artifact import Artifact, check_out, write_artifact
 from opengem.serve.errors import ArtifactError
 from opengem.serve.lookup import FlatFeatures, FlatJagged, with_plain_lookups
 from opengem.train import checkpoint as ckpt
-from opengem.train.calibrate import apply_run_calibration
+from opengem.train.calibration import apply_run_calibration
 from opengem.train.config import load_run_config
 from opengem.train.distributed import process_group
 from opengem.train.evaluate import RunNotFoundError, run_checkpoint

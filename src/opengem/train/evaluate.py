@@ -32,7 +32,7 @@ from opengem.errors import DatasetError, OpengemError
 from opengem.metrics import NE_BASE_RATE, MetricAccumulator
 from opengem.model.heads import masked_bce
 from opengem.train import checkpoint as ckpt
-from opengem.train.calibrate import apply_run_calibration
+from opengem.train.calibration import apply_run_calibration
 from opengem.train.compile import prepare_compile
 from opengem.train.config import RunConfig, load_run_config
 from opengem.train.data import make_loader
