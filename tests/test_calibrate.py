@@ -215,3 +215,28 @@ def test_cli_fits_prints_refuses_training_data_and_removes(tiny_run, tmp_path, c
     assert "not an opengem calibration file" in err and "Traceback" not in err
     assert main(["calibrate", "--run", str(run), "--remove"]) == 0
     assert not (run / CALIBRATION).exists()
+
+
+@pytest.mark.slow
+def test_two_ranks_fold_the_calibration_into_their_shards(tiny_run, tmp_path):
+    """Under torchrun the head's weights are FSDP2 DTensors (sharded over surfaces): each rank folds the fit
+    into its own shard, and `opengem evaluate` reads the 1-process metrics."""
+    import subprocess
+    import sys
+
+    from dist_helpers import ROOT, env
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    calibrate_run(run, min_positives=5)
+    one = evaluate_run(run, write=False)["metrics"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "-m", "opengem.cli", "evaluate", "--run-dir", str(run)]
+    r = subprocess.run(cmd, env=env(), cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "calibrated (platt on day=002)" in r.stdout
+    two = json.loads((run / "eval.json").read_text())
+    assert two["calibration"]["method"] == "platt"
+    for k in ("all/click", "all/conversion", "feed/click"):
+        assert two["metrics"][k]["ne"] == pytest.approx(one[k]["ne"], rel=1e-5)
+        assert two["metrics"][k]["calibration"] == pytest.approx(one[k]["calibration"], rel=1e-5)
