@@ -297,8 +297,7 @@ def train_and_test(rc: Any, run_dir: Path, test_spec: str, eval_rows: int = 0, c
 def _calibrate(tr: Any, run_dir: Path, method: str, max_batches: int) -> None:
     """Fit the trained model's calibration on its validation rows, fold it in, and write RUN/calibration.json
     for the run's final checkpoint, so that ``opengem evaluate`` of the run scores as the study does."""
-    from opengem.train.calibrate import MIN_POSITIVES, calibrate_model, calibration_document
-    from opengem.train.calibration import CALIBRATION
+    from opengem.train.calibrate import MIN_POSITIVES, calibrate_model, write_calibration
     from opengem.train.data import make_loader
     from opengem.train.evaluate import run_checkpoint
 
@@ -308,10 +307,8 @@ def _calibrate(tr: Any, run_dir: Path, method: str, max_batches: int) -> None:
     fit, rows = calibrate_model(tr.model, make_loader(tr.ds, spec, tr.cfg.data, train=False), tr.device,
                                 surfaces, tasks, method, MIN_POSITIVES, max_batches=max_batches)
     checkpoint, _best = run_checkpoint(run_dir)
-    fitted_on = {"data": str(Path(tr.data_path).resolve()), "spec": spec, "partitions": tr.ds.select(spec),
-                 "rows": rows}
-    doc = calibration_document(fit, method, MIN_POSITIVES, checkpoint, tr.step, fitted_on, surfaces, tasks)
-    atomic_write_text(run_dir / CALIBRATION, json.dumps(doc, indent=2) + "\n")
+    write_calibration(run_dir, fit, method, MIN_POSITIVES, checkpoint, tr.step, tr.data_path, spec,
+                      tr.ds.select(spec), rows, surfaces, tasks)
 
 
 def prepare_study(cfg: IsoflopConfig, out: Path, data_dir: str | Path | None, extra: list[str],

@@ -12,6 +12,7 @@ import argparse
 import warnings
 
 from opengem.serve.export import BACKENDS, export_run
+from opengem.train.calibration import describe_calibration
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -27,8 +28,7 @@ def run(args: argparse.Namespace) -> int:
     warnings.filterwarnings("ignore", category=FutureWarning)  # TorchRec/DCP deprecation notices
     res = export_run(args.run, args.out, backend=args.backend, force=args.force)
     timing = ", ".join(f"{k} {v:.1f}s" for k, v in res.items() if k.endswith("_s"))
-    cal = res["source"].get("calibration")
-    cal_note = f", calibrated ({cal['method']} on {', '.join(cal['fitted_on'] or [])})" if cal else ""
+    cal_note = describe_calibration(res["source"].get("calibration"))
     print(f"exported {args.run} -> {res['out']}: version {res['version']}, trained through ts "
           f"{res['trained_through_ts']}, backends {', '.join(res['backends'])}{cal_note} ({timing})")
     return 0

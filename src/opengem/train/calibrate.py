@@ -197,23 +197,28 @@ def calibrate_model(model: nn.Module, batches: Any, device: torch.device, surfac
     return fit, int(len(z))
 
 
-def calibration_document(fit: CalibrationFit, method: str, min_positives: int, checkpoint: Path, step: int,
-                         fitted_on: dict[str, Any], surfaces: list[str], tasks: list[str]) -> dict[str, Any]:
-    """What RUN/calibration.json holds (see :func:`read_calibration` for what a reader checks)."""
-    return {
+def write_calibration(run_dir: Path, fit: CalibrationFit, method: str, min_positives: int, checkpoint: Path,
+                      step: int, data_path: Path, spec: str, partitions: list[str], rows: int,
+                      surfaces: list[str], tasks: list[str]) -> dict[str, Any]:
+    """Write RUN/calibration.json for ``fit`` (made on ``rows`` rows of ``spec`` of the run's ``checkpoint``);
+    returns the document (see :func:`read_calibration` for what a reader checks)."""
+    doc = {
         "format": FORMAT,
         "method": method,
         "min_positives": min_positives,
         "checkpoint": str(checkpoint),
         "checkpoint_digest": checkpoint_digest(checkpoint),
         "step": step,
-        "fitted_on": fitted_on,
+        "fitted_on": {"data": str(Path(data_path).resolve()), "spec": spec, "partitions": partitions,
+                      "rows": rows},
         "surfaces": surfaces,
         "tasks": tasks,
         "slope": fit.slope.tolist(),
         "offset": fit.offset.tolist(),
         "cells": fit.cells,
     }
+    atomic_write_text(Path(run_dir) / CALIBRATION, json.dumps(doc, indent=2) + "\n")
+    return doc
 
 
 def calibrate_run(run_dir: str | Path, data_dir: str | Path | None = None, partitions: str | None = None,
@@ -242,12 +247,8 @@ def calibrate_run(run_dir: str | Path, data_dir: str | Path | None = None, parti
         except CalibrationError:
             raise CalibrationError(f"{r.data_path}: partitions {spec}: no rows to calibrate on") from None
         fit = fit_calibration(z, y, m, s, surfaces, tasks, method, min_positives)
-        fitted_on = {"data": str(Path(r.data_path).resolve()), "spec": spec, "partitions": chosen,
-                     "rows": int(len(z))}
-        doc = calibration_document(fit, method, min_positives, r.checkpoint, r.step, fitted_on, surfaces,
-                                   tasks)
-    atomic_write_text(run_dir / CALIBRATION, json.dumps(doc, indent=2) + "\n")
-    return doc
+        return write_calibration(run_dir, fit, method, min_positives, r.checkpoint, r.step, r.data_path, spec,
+                                 chosen, int(len(z)), surfaces, tasks)
 
 
 def format_fit(doc: dict[str, Any]) -> str:

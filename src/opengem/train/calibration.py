@@ -121,3 +121,11 @@ def apply_run_calibration(model: nn.Module, run_dir: str | Path, checkpoint: str
     fitted_on = doc.get("fitted_on")
     return {"file": str(path), "method": doc["method"],
             "fitted_on": fitted_on.get("partitions") if isinstance(fitted_on, dict) else None}
+
+
+def describe_calibration(applied: dict[str, Any] | None) -> str:
+    """``", calibrated (platt on day=006)"`` for what :func:`apply_run_calibration` returned, "" for None: the
+    note every command that loads a run prints beside the checkpoint it used."""
+    if not applied:
+        return ""
+    return f", calibrated ({applied['method']} on {', '.join(applied['fitted_on'] or [])})"

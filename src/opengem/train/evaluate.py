@@ -32,7 +32,7 @@ from opengem.errors import DatasetError, OpengemError
 from opengem.metrics import NE_BASE_RATE, MetricAccumulator
 from opengem.model.heads import masked_bce
 from opengem.train import checkpoint as ckpt
-from opengem.train.calibration import apply_run_calibration
+from opengem.train.calibration import apply_run_calibration, describe_calibration
 from opengem.train.compile import prepare_compile
 from opengem.train.config import RunConfig, load_run_config
 from opengem.train.data import make_loader
@@ -252,8 +252,7 @@ def run(args: argparse.Namespace) -> int:
     first = next(iter(outs.values()))
     print(format_metrics(outs, first.get("oracle")))
     for name, out in outs.items():
-        cal = out["calibration"]
-        cal_note = f", calibrated ({cal['method']} on {', '.join(cal['fitted_on'] or [])})" if cal else ""
+        cal_note = describe_calibration(out["calibration"])
         print(f"{name}: checkpoint {out['checkpoint']} (step {out['step']}, {out['checkpoint_kind']}"
               f"{cal_note}); wrote {', '.join(out['written'])}")
     print(f"(cal = mean prediction / observed rate; {first['ne_base_rate']})")

@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 import torch
 
 from opengem.errors import UsageError
+from opengem.train.calibration import describe_calibration
 from opengem.train.data import make_loader
 from opengem.train.distributed import world_size
 from opengem.train.evaluate import EvalDataError, open_run
@@ -110,8 +111,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     warnings.filterwarnings("ignore", category=FutureWarning)  # TorchRec/DCP deprecation notices
     res = predict_run(args.run, args.out, args.data, args.partitions, args.device, force=args.force)
-    cal = res["calibration"]
-    cal_note = f", calibrated ({cal['method']} on {', '.join(cal['fitted_on'] or [])})" if cal else ""
+    cal_note = describe_calibration(res["calibration"])
     print(f"wrote {res['out']}: {res['rows']} rows of {', '.join(res['partitions'])} "
           f"(checkpoint {res['checkpoint']}, step {res['step']}, {res['checkpoint_kind']}{cal_note})")
     return 0
