@@ -13,6 +13,7 @@ import torch
 from opengem.cli import main
 from opengem.data.random_batch import random_batch
 from opengem.data.schema import FeatureSchema
+from opengem.model.heads import HeadConfig
 from opengem.model.registry import MODEL_NAMES, ModelConfig, build_model
 from opengem.ops.kernel import Kernel
 from opengem.serve.export import load_run
@@ -94,8 +95,10 @@ def test_folding_into_the_head_is_exact_for_every_model(name, kernel):
     last layer, so the fit needs no new op in any reader (export, AOTI, serving)."""
     torch.manual_seed(0)
     schema = FeatureSchema.load(TINY_SCHEMA)
-    model = build_model(schema, ModelConfig(name=name)).eval()
+    model = build_model(schema, ModelConfig(name=name, head=HeadConfig(context="dense"))).eval()
     find_head(model).kernel = kernel
+    with torch.no_grad():  # the context term (model.head.context) adds to the same logit: it must scale too
+        find_head(model).context_weight.normal_()
     batch = random_batch(schema, 64)
     with torch.no_grad():
         before = model(batch).logits.double()

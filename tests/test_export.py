@@ -364,3 +364,22 @@ def test_a_corrupt_manifest_of_another_version_does_not_block_this_one(run_dir, 
     with pytest.raises(ArtifactError, match="unreadable manifest") as e:
         Predictor.load(online / "versions" / "v0002")
     assert str(bad) in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("name", ["dcnv2", "gem"])
+def test_a_head_with_a_context_term_exports_equal_to_eager(name):
+    """model.head.context reads the batch's clock columns inside forward: the exported program takes them
+    from its dense input like any other dense feature."""
+    cfg = load_run_config(TINY, [f"model.name={name}", "model.head.context=time"]).model
+    schema = tiny_schema()
+    torch.manual_seed(0)
+    model = build_model(schema, cfg).eval()
+    head = next(m for m in model.modules() if hasattr(m, "context_weight"))
+    assert head.context_dim == len(schema.time_feature_names) > 0
+    with torch.no_grad():
+        head.context_weight.normal_()
+    program = export_program(model, schema)
+    b = with_empty_rows(schema, 7, seed=3)
+    with torch.no_grad():
+        want = model(b).logits
+    assert (program.module()(*flat_inputs(b, schema)) - want).abs().max().item() <= TOL

@@ -48,7 +48,7 @@ from opengem.model.embedding import (
     masked_mean,
 )
 from opengem.model.flops import linear_flops, mlp_flops
-from opengem.model.heads import HeadConfig, MultiSurfaceHead, mlp
+from opengem.model.heads import HeadConfig, MultiSurfaceHead, context_columns, head_context, mlp
 from opengem.model.output import ModelOutput
 from opengem.ops.cpu_autocast import to_cpu_autocast_dtype
 
@@ -90,7 +90,9 @@ class _Baseline(nn.Module):
         self.d = self.embedding.d
 
     def _make_head(self, in_dim: int, cfg: HeadConfig) -> None:
-        self.head = MultiSurfaceHead(in_dim, len(self.schema.surfaces), len(self.schema.tasks), cfg)
+        self._context = context_columns(self.schema, cfg.context)
+        self.head = MultiSurfaceHead(in_dim, len(self.schema.surfaces), len(self.schema.tasks), cfg,
+                                     context_dim=self._context.stop - self._context.start)
 
     def interact(self, batch: Batch, emb: EmbeddedFeatures) -> torch.Tensor:
         raise NotImplementedError
@@ -100,7 +102,8 @@ class _Baseline(nn.Module):
 
     def forward(self, batch: Batch) -> ModelOutput:
         emb = self.embedding(batch)
-        logits, trunk = self.head(self.interact(batch, emb), batch.surface)
+        context = head_context(emb.dense, self._context)
+        logits, trunk = self.head(self.interact(batch, emb), batch.surface, context)
         return ModelOutput(logits=logits, trunk=trunk, extras={"target": emb.target})
 
     def flops_per_example(self, seq_len: int | None = None) -> int:

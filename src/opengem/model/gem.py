@@ -44,7 +44,7 @@ from opengem.model.embedding import (
     check_widths,
 )
 from opengem.model.flops import linear_flops
-from opengem.model.heads import HeadConfig, MultiSurfaceHead
+from opengem.model.heads import HeadConfig, MultiSurfaceHead, context_columns, head_context
 from opengem.model.interformer import InterFormer, InterFormerConfig
 from opengem.model.output import ModelOutput
 from opengem.model.sequence import SequenceEncoder, SequenceEncoderConfig, _pyramid_plan, use_kernel
@@ -148,7 +148,9 @@ class GEM(nn.Module):
         else:
             self.wukong = WukongStack(n, d, cfg.wukong)
             head_in = self.wukong.out_tokens * d
-        self.head = MultiSurfaceHead(head_in, len(schema.surfaces), len(schema.tasks), head)
+        self._context = context_columns(schema, head.context)
+        self.head = MultiSurfaceHead(head_in, len(schema.surfaces), len(schema.tasks), head,
+                                     context_dim=self._context.stop - self._context.start)
         use_kernel(self, cfg.kernel)
 
     def forward(self, batch: Batch) -> ModelOutput:
@@ -165,7 +167,7 @@ class GEM(nn.Module):
         else:
             x = self.wukong(e.tokens)
             h, user = x.flatten(1), x.mean(dim=1)
-        logits, trunk = self.head(h, batch.surface)
+        logits, trunk = self.head(h, batch.surface, head_context(e.dense, self._context))
         return ModelOutput(logits=logits, trunk=trunk, extras={"user": user, "ad": e.target, "trunk": trunk})
 
     def _bucketed(self) -> bool:

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from opengem.config import ConfigError
+from opengem.data.schema import FeatureSchema
 from opengem.model.flops import mlp_flops
 from opengem.ops.kernel import Kernel
 from opengem.ops.surface_head import discarded_flops_per_example, surface_head
@@ -30,6 +31,12 @@ class HeadConfig:
     # Dropout on the head's input and on the trunk's output (training only; 0 = off). Small click logs
     # overfit within a few epochs: this is the cheapest brake that every model shares.
     dropout: float = 0.0
+    # Request context straight into every (surface, task) logit: "none"; "time" = the derived clock inputs
+    # (hour-of-day / day-of-week sin and cos); "dense" = every dense input. A zero-initialised linear term
+    # per surface and task, ``logit_st += c . V_st``. Why: surfaces follow daily cycles of their own (a
+    # phase per surface), which is a surface x context product; the trunk mixes the surfaces, and at the
+    # study's sizes no family learns a small surface's cycle (benchmarks/results/2026-12-02-s14/context/).
+    context: str = "none"
 
 
 def mlp(dims: Sequence[int], final_activation: bool = True) -> nn.Sequential:
@@ -42,8 +49,34 @@ def mlp(dims: Sequence[int], final_activation: bool = True) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
+HEAD_CONTEXTS = ("none", "time", "dense")
+
+
+def context_columns(schema: FeatureSchema, context: str) -> slice:
+    """Columns of ``Batch.dense`` (``schema.dense_input_names``: dense features, then the derived time
+    features) that feed the head's context term: one contiguous range, so taking them is a view."""
+    if context not in HEAD_CONTEXTS:
+        raise ConfigError(f"head.context: {context!r} is not one of {', '.join(HEAD_CONTEXTS)}")
+    n = schema.num_dense_inputs
+    if context == "dense":
+        return slice(0, n)
+    if context == "time":
+        return slice(n - len(schema.time_feature_names), n)
+    return slice(0, 0)
+
+
+def head_context(dense: torch.Tensor | None, columns: slice) -> torch.Tensor | None:
+    """The head's context [B, C] from the model's dense inputs [B, Dd] (None when the head has none)."""
+    if columns.stop <= columns.start or dense is None:
+        return None
+    return dense[:, columns]
+
+
 class MultiSurfaceHead(nn.Module):
-    def __init__(self, in_dim: int, num_surfaces: int, num_tasks: int, cfg: HeadConfig) -> None:
+    def __init__(self, in_dim: int, num_surfaces: int, num_tasks: int, cfg: HeadConfig,
+                 context_dim: int = 0) -> None:
+        """``context_dim``: width of the context the model passes to :meth:`forward` (0 = no context term;
+        a model sizes it with :func:`context_columns`)."""
         super().__init__()
         if num_surfaces <= 0 or num_tasks <= 0:
             raise ValueError(f"MultiSurfaceHead needs >= 1 surface and task, got {num_surfaces}, {num_tasks}")
@@ -67,14 +100,22 @@ class MultiSurfaceHead(nn.Module):
             self.adapter_up = nn.Parameter(torch.randn(num_surfaces, a, H) * (0.1 / math.sqrt(a)))
         self.out_weight = nn.Parameter(torch.randn(num_surfaces, H, num_tasks) / math.sqrt(H))
         self.out_bias = nn.Parameter(torch.zeros(num_surfaces, num_tasks))
+        self.context_dim = context_dim
+        if context_dim:  # zero: the model starts as it would without the term
+            self.context_weight = nn.Parameter(torch.zeros(num_surfaces, context_dim, num_tasks))
         # ops kernel (opengem.ops.surface_head): fused = one product per layer for the whole batch;
         # pytorch = the per-example reference. Not a parameter: GEM's model.gem.kernel sets it (use_kernel).
         self.kernel: Kernel | str = Kernel.FUSED
 
-    def forward(self, x: torch.Tensor, surface: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(logits [B, T] of each example's own surface, shared trunk [B, H])."""
+    def forward(self, x: torch.Tensor, surface: torch.Tensor, context: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits [B, T] of each example's own surface, shared trunk [B, H]); ``context`` [B, context_dim]
+        when the head has a context term (ignored otherwise)."""
         if x.dim() != 2 or x.shape[1] != self.in_dim:
             raise ValueError(f"head input has shape {tuple(x.shape)}, expected [B, {self.in_dim}]")
+        if self.context_dim and (context is None or context.shape != (x.shape[0], self.context_dim)):
+            got = None if context is None else tuple(context.shape)
+            raise ValueError(f"head context has shape {got}, expected [{x.shape[0]}, {self.context_dim}]")
         if not torch.compiler.is_compiling() and surface.numel():
             lo, hi = torch.stack(torch.aminmax(surface)).tolist()  # one reduction, one host sync
             if lo < 0 or hi >= self.num_surfaces:
@@ -84,7 +125,16 @@ class MultiSurfaceHead(nn.Module):
         adapter = (self.adapter_down, self.adapter_down_bias, self.adapter_up) if self.cfg.adapter_dim else ()
         logits = surface_head(self.dropout(trunk), surface, self.out_weight, self.out_bias, *adapter,
                               kernel=self.kernel)
+        if self.context_dim:
+            logits = logits + self._context_logits(context.to(logits.dtype), surface)  # type: ignore[union-attr]
         return logits, trunk
+
+    def _context_logits(self, context: torch.Tensor, surface: torch.Tensor) -> torch.Tensor:
+        """c . V_st for each example's own surface: every surface's term in one product [B, C] x [C, S*T]
+        (C and T are a handful), then each example's own row."""
+        S, C, T = self.context_weight.shape
+        every = (context @ self.context_weight.permute(1, 0, 2).reshape(C, S * T)).view(-1, S, T)
+        return every.gather(1, surface.long().view(-1, 1, 1).expand(-1, 1, T)).squeeze(1)
 
     @torch.no_grad()
     def init_output_bias(self, base_rates: torch.Tensor) -> None:
@@ -101,15 +151,16 @@ class MultiSurfaceHead(nn.Module):
 
     def flops_per_example(self) -> int:
         H, a, T = self.out_dim, self.cfg.adapter_dim, self.num_tasks
-        return mlp_flops(self._trunk_dims) + 2 * (2 * H * a) + 2 * H * T
+        return mlp_flops(self._trunk_dims) + 2 * (2 * H * a) + 2 * H * T + 2 * self.context_dim * T
 
     def discarded_flops_per_example(self) -> int:
         """FLOPs the head computes for the other surfaces and throws away (counted by FlopCounterMode, not
         by :meth:`flops_per_example`, the model FLOPs MFU divides); the reference kernel discards none."""
+        context = 2 * self.context_dim * self.num_tasks * (self.num_surfaces - 1)  # every surface's term
         if self.kernel == Kernel.PYTORCH:
-            return 0
-        return discarded_flops_per_example(self.out_dim, self.cfg.adapter_dim, self.num_tasks,
-                                           self.num_surfaces)
+            return context
+        return context + discarded_flops_per_example(self.out_dim, self.cfg.adapter_dim, self.num_tasks,
+                                                     self.num_surfaces)
 
 
 def masked_bce(

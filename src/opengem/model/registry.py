@@ -14,9 +14,9 @@ from torch import nn
 from opengem.config import ConfigError
 from opengem.data.schema import FeatureSchema
 from opengem.model.baselines import DIN, DLRM, LR, DCNv2, DCNv2Config, DINConfig, DLRMConfig, LRConfig
-from opengem.model.embedding import EmbeddingConfig, check_at_least, check_widths
+from opengem.model.embedding import EmbeddingConfig, check_at_least, check_choice, check_widths
 from opengem.model.gem import GEM, GEMConfig
-from opengem.model.heads import HeadConfig
+from opengem.model.heads import HEAD_CONTEXTS, HeadConfig
 
 MODEL_NAMES = ("gem", "wukong", "dlrm", "dcnv2", "din", "lr")
 
@@ -44,6 +44,7 @@ def build_model(schema: FeatureSchema, cfg: ModelConfig, where: str = "model") -
             raise ConfigError(f"name: unknown model {cfg.name!r}; choose one of {', '.join(MODEL_NAMES)}")
         check_widths("head.hidden", cfg.head.hidden)
         check_at_least("head.adapter_dim", cfg.head.adapter_dim, 0)
+        check_choice("head.context", cfg.head.context, HEAD_CONTEXTS)
         return _build(schema, cfg)
     except ConfigError as e:
         raise ConfigError(f"{where}.{e}" if where else str(e)) from e

@@ -43,7 +43,8 @@ def find_head(model: nn.Module) -> MultiSurfaceHead:
 
 @torch.no_grad()
 def fold_into_head(model: nn.Module, slope: np.ndarray, offset: np.ndarray) -> None:
-    """Make the model's logits ``a * z + c`` per (surface, task) by rescaling its head's last layer."""
+    """Make the model's logits ``a * z + c`` per (surface, task) by rescaling its head's last layer (and its
+    context term, which adds to the same logit)."""
     head = find_head(model)
     want = (head.num_surfaces, head.num_tasks)
     if slope.shape != want or offset.shape != want:
@@ -54,6 +55,8 @@ def fold_into_head(model: nn.Module, slope: np.ndarray, offset: np.ndarray) -> N
     c = torch.as_tensor(offset, dtype=w.dtype, device=w.device)
     _assign(head.out_weight, w * a[:, None, :])
     _assign(head.out_bias, b * a + c)
+    if head.context_dim:  # the context term is part of the logit: it scales with it
+        _assign(head.context_weight, _full(head.context_weight) * a[:, None, :])
 
 
 def _full(p: torch.Tensor) -> torch.Tensor:

@@ -32,6 +32,7 @@ from opengem.data.batch import Batch
 from opengem.data.commit import mark_complete
 from opengem.data.dataset import Dataset
 from opengem.data.schema import DenseFeature, FeatureSchema, SequenceGroup, Task
+from opengem.model.heads import head_context
 from opengem.model.output import ModelOutput
 from opengem.model.registry import ModelConfig, build_model
 from opengem.transfer.distill import grad_scale
@@ -206,7 +207,7 @@ class VerticalModel(nn.Module):
         # _Baseline.forward with the shared FM history vector added to the interaction output
         emb = self.base.embedding(batch)
         h = self.base.interact(batch, emb) + self.shared_history(batch)
-        logits, trunk = self.base.head(h, batch.surface)
+        logits, trunk = self.base.head(h, batch.surface, head_context(emb.dense, self.base._context))
         return ModelOutput(logits=logits, trunk=trunk, extras={"target": emb.target})
 
     def forward(self, batch: Batch) -> ModelOutput:
