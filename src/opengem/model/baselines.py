@@ -90,9 +90,10 @@ class _Baseline(nn.Module):
         self.d = self.embedding.d
 
     def _make_head(self, in_dim: int, cfg: HeadConfig) -> None:
-        self._context = context_columns(self.schema, cfg.context)
+        # public: the dense columns the head's context term reads (vertical models rebuild its input)
+        self.head_context_columns = columns = context_columns(self.schema, cfg.context)
         self.head = MultiSurfaceHead(in_dim, len(self.schema.surfaces), len(self.schema.tasks), cfg,
-                                     context_dim=self._context.stop - self._context.start)
+                                     context_dim=columns.stop - columns.start)
 
     def interact(self, batch: Batch, emb: EmbeddedFeatures) -> torch.Tensor:
         raise NotImplementedError
@@ -102,7 +103,7 @@ class _Baseline(nn.Module):
 
     def forward(self, batch: Batch) -> ModelOutput:
         emb = self.embedding(batch)
-        context = head_context(emb.dense, self._context)
+        context = head_context(emb.dense, self.head_context_columns)
         logits, trunk = self.head(self.interact(batch, emb), batch.surface, context)
         return ModelOutput(logits=logits, trunk=trunk, extras={"target": emb.target})
 

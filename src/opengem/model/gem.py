@@ -148,9 +148,10 @@ class GEM(nn.Module):
         else:
             self.wukong = WukongStack(n, d, cfg.wukong)
             head_in = self.wukong.out_tokens * d
-        self._context = context_columns(schema, head.context)
+        # public: the dense columns the head's context term reads (vertical models rebuild its input)
+        self.head_context_columns = columns = context_columns(schema, head.context)
         self.head = MultiSurfaceHead(head_in, len(schema.surfaces), len(schema.tasks), head,
-                                     context_dim=self._context.stop - self._context.start)
+                                     context_dim=columns.stop - columns.start)
         use_kernel(self, cfg.kernel)
 
     def forward(self, batch: Batch) -> ModelOutput:
@@ -167,7 +168,7 @@ class GEM(nn.Module):
         else:
             x = self.wukong(e.tokens)
             h, user = x.flatten(1), x.mean(dim=1)
-        logits, trunk = self.head(h, batch.surface, head_context(e.dense, self._context))
+        logits, trunk = self.head(h, batch.surface, head_context(e.dense, self.head_context_columns))
         return ModelOutput(logits=logits, trunk=trunk, extras={"user": user, "ad": e.target, "trunk": trunk})
 
     def _bucketed(self) -> bool:

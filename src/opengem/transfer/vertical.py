@@ -207,7 +207,8 @@ class VerticalModel(nn.Module):
         # _Baseline.forward with the shared FM history vector added to the interaction output
         emb = self.base.embedding(batch)
         h = self.base.interact(batch, emb) + self.shared_history(batch)
-        logits, trunk = self.base.head(h, batch.surface, head_context(emb.dense, self.base._context))
+        context = head_context(emb.dense, self.base.head_context_columns)
+        logits, trunk = self.base.head(h, batch.surface, context)
         return ModelOutput(logits=logits, trunk=trunk, extras={"target": emb.target})
 
     def forward(self, batch: Batch) -> ModelOutput:

@@ -15,7 +15,8 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 data = Path(sys.argv[1])
-day = ds.dataset(data / "day=006", format="parquet").to_table(columns=["example_id", "surface", "hour_of_day"])
+day = ds.dataset(data / "day=006", format="parquet").to_table(
+    columns=["example_id", "surface", "hour_of_day"])
 truth = ds.dataset(data / "truth" / "day=006", format="parquet").to_table()
 assert (truth["example_id"].to_numpy() == day["example_id"].to_numpy()).all()
 surface, first = day["surface"].to_numpy(), day["hour_of_day"].to_numpy() < 0.5
@@ -44,7 +45,8 @@ print("| truth | | " + " | ".join(f"{r:.3f}" for t in TASKS for r in ratios(trut
       + " |", flush=True)
 for arg in sys.argv[2:]:
     tag, globs = arg.split("=", 1)
-    runs = sorted(Path(r) for g in globs.split(",") for r in glob.glob(g) if (Path(r) / "result.json").exists())
+    runs = sorted(Path(r) for g in globs.split(",") for r in glob.glob(g)
+                  if (Path(r) / "result.json").exists())
     rs = np.array([[r for t in TASKS for r in ratios(p[t])] for p in map(predictions, runs)])
     print(f"| {tag} | {len(runs)} | " + " | ".join(f"{rs[:, j].mean():.3f}" for j in range(rs.shape[1]))
           + " |", flush=True)
