@@ -237,6 +237,36 @@ def test_isoflop_tiny_study_end_to_end_and_resume(tmp_path):
     assert again["runs_trained_now"] == 0 and json_safe(again["frontier"]) == json_safe(res["frontier"])
 
 
+def test_isoflop_train_cell_adds_seeds_and_variants(tmp_path):
+    """train_cell: more seeds of one cell are trained on the study's stream with the study's rows and names,
+    a run already there is reused, and a variant (extra overrides) gets the rows of its own FLOPs."""
+    import json
+
+    from opengem.bench.isoflop import load_isoflop_config, run_study, train_cell
+
+    cfg = load_isoflop_config(ISO_SMALL, ["budgets=[1.0e8, 4.0e8]", "seeds=1", "lr_grid=[]", "lr_check=false",
+                                          "bootstrap=5", "min_steps=1"], ["dlrm"])
+    cfg.families[0].sizes = cfg.families[0].sizes[:1]
+    extra = ["data.sim.rows=8000", "data.eval_batch_size=4096"]
+    run_study(cfg, tmp_path / "study", run_overrides=extra, log=lambda m: None)
+    data = tmp_path / "study" / "data"
+    done = tmp_path / "study" / "runs" / "dlrm-s0-b1-lrrecipe-seed0" / "result.json"
+    seed0, stamp = json.loads(done.read_text()), done.stat().st_mtime_ns
+    recs = train_cell(cfg, tmp_path / "study", data, "dlrm", 0, 1, None, [0, 1], extra, log=lambda m: None)
+    assert [r["name"] for r in recs] == ["dlrm-s0-b1-lrrecipe-seed0", "dlrm-s0-b1-lrrecipe-seed1"]
+    assert done.stat().st_mtime_ns == stamp and recs[0]["valid"] == seed0["valid"]  # reused, not retrained
+    assert recs[0]["examples"] == recs[1]["examples"] == seed0["examples"]
+    assert recs[1]["valid"] != recs[0]["valid"]  # another seed
+    wide = train_cell(cfg, tmp_path / "wide", data, "dlrm", 0, 1, None, [0],
+                      [*extra, "model.dlrm.top_mlp=[512, 256]"], log=lambda m: None)
+    assert wide[0]["flops_per_example"] > recs[0]["flops_per_example"]
+    assert wide[0]["examples"] < recs[0]["examples"]  # the same budget buys fewer rows
+    with pytest.raises(ConfigError, match="no cell"):
+        train_cell(cfg, tmp_path / "study", data, "dlrm", 3, 1, None, [0], extra)
+    with pytest.raises(ConfigError, match="not in the study"):
+        train_cell(cfg, tmp_path / "study", data, "gem", 0, 1, None, [0], extra)
+
+
 def test_isoflop_learning_rate_chosen_per_budget(tmp_path):
     """lr_budgets = "each": the grid runs at every budget and each budget's frontier trains at that budget's
     own choice (the smallest budget's choice under-tuned DCNv2 at the largest ones in session 12)."""

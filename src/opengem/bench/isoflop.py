@@ -458,6 +458,37 @@ def run_study(cfg: IsoflopConfig, out: str | Path, data_dir: str | Path | None =
     return result
 
 
+def train_cell(cfg: IsoflopConfig, out: str | Path, data_dir: str | Path | None, family: str, size: int,
+               budget: int, lr: float | None, seeds: list[int], extra: list[str] | None = None,
+               log: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    """Train more runs of one cell (family, size, budget) of a study's plan into OUT/runs/, as the study
+    would: the same stream, rows from the budget and the (overridden) model's FLOPs, the study's names.
+
+    What follow-up measurements need (more seeds of a frontier cell; a variant of it under ``extra``
+    overrides, e.g. ``model.head.context=time``, in its own OUT). Returns each run's record with its name."""
+    log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    out = Path(out)
+    fam = next((f for f in cfg.families if f.name == family), None)
+    if fam is None:
+        have = ", ".join(f.name for f in cfg.families)
+        raise ConfigError(f"family {family!r} is not in the study (have: {have})")
+    st = prepare_study(cfg, out, data_dir, list(extra or []), log)
+    plan = plan_grid(cfg.budgets, st.fwd, _batch_size(st), st.train_rows, cfg.min_steps, cfg.max_epochs)
+    p = next((q for q in plan if (q.family, q.size, q.budget) == (family, size, budget)), None)
+    if p is None:
+        raise ConfigError(f"no cell size {size}, budget {budget} for {family!r} in the study's plan "
+                          f"({len(st.sizes[family])} sizes, {len(cfg.budgets)} budgets)")
+    recs = []
+    for seed in seeds:
+        name = run_name(family, size, budget, lr, seed)
+        rec, trained = train_and_test(st.run_config(fam, size, p.steps, lr, seed), out / "runs" / name,
+                                      st.test_spec, cfg.eval_rows, cfg.calibrate)
+        valid, how = selection_ne(rec["valid"], cfg.metric), "trained" if trained else "reused"
+        log(f"isoflop: {name}: {rec['examples']} rows, valid NE {valid:.5f}, {how}")
+        recs.append({"name": name, **rec})
+    return recs
+
+
 def _batch_size(st: Study) -> dict[str, int]:
     return {f.name: int(st.run_config(f, 0, 1, None, 0).data.batch_size) for f in st.cfg.families}
 
