@@ -6,27 +6,10 @@
 import sys
 from pathlib import Path
 
-from opengem.bench.isoflop import (
-    _batch_size,
-    default_config_path,
-    load_isoflop_config,
-    plan_grid,
-    prepare_study,
-    run_name,
-    train_and_test,
-)
+from opengem.bench.isoflop import default_config_path, load_isoflop_config, train_cell
 
 fam_name, lr, seeds = sys.argv[1], float(sys.argv[2]), [int(s) for s in sys.argv[3].split(",")]
 out = Path("/work/s10/isorun/out")
 cfg = load_isoflop_config(default_config_path("default"), families=[fam_name])
-st = prepare_study(cfg, out, out / "data", [], lambda m: print(m, flush=True), False)
-plan = plan_grid(cfg.budgets, st.fwd, _batch_size(st), st.train_rows, cfg.min_steps, cfg.max_epochs)
-last = len(cfg.budgets) - 1
-fam = next(f for f in cfg.families if f.name == fam_name)
-size = 0
-p = next(q for q in plan if q.family == fam_name and q.size == size and q.budget == last)
-for seed in seeds:
-    name = run_name(fam_name, size, last, lr, seed)
-    rec, trained = train_and_test(st.run_config(fam, size, p.steps, lr, seed), out / "runs" / name,
-                                  st.test_spec, cfg.eval_rows)
-    print(name, "trained" if trained else "reused", "valid", rec["valid"]["all/click"]["ne"], flush=True)
+train_cell(cfg, out, out / "data", fam_name, 0, len(cfg.budgets) - 1, lr, seeds,
+           log=lambda m: print(m, flush=True))

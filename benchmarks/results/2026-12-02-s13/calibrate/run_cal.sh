@@ -1,18 +1,5 @@
 #!/bin/bash
-# For each study run: whole test day before calibration, then Platt and offset fits on the validation day
-# (data.eval = day=006, held out), each scored on the whole test day (day=007).
-OG=/work/main/.venv/bin/opengem
-cd /work/s12/iso/out/runs
-for r in "$@"; do
-  [ -f $r/uncal-eval-day=007.json ] || { [ -f $r/eval-day=007.json ] || $OG evaluate --run $r --partitions day=007 > /dev/null 2>&1; cp $r/eval-day=007.json $r/uncal-eval-day=007.json; }
-  for m in platt offset; do
-    [ -f $r/$m-eval-day=007.json ] && continue
-    $OG calibrate --run $r --method $m > $r/calibrate-$m.txt 2>&1 || { echo "FAIL calibrate $r $m"; continue; }
-    cp $r/calibration.json $r/calibration-$m.json
-    $OG evaluate --run $r --partitions day=007 > /dev/null 2>&1 || echo "FAIL eval $r $m"
-    cp $r/eval-day=007.json $r/$m-eval-day=007.json
-  done
-  rm -f $r/calibration.json
-  cp $r/uncal-eval-day=007.json $r/eval-day=007.json
-  echo "$(date +%T) done $r $(cut -d' ' -f1-3 /proc/loadavg)"
-done
+# For each study run of session 12's stream: whole test day before calibration, then Platt and offset fits on
+# the validation day (data.eval = day=006, held out), each scored on the whole test day (day=007).
+# The loop itself is ../../2026-12-02-s14/context/run_cal.sh (any runs folder).   usage: run_cal.sh RUN...
+exec "$(dirname "$0")/../../2026-12-02-s14/context/run_cal.sh" /work/s12/iso/out/runs "$@"

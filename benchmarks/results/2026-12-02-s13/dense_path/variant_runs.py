@@ -8,28 +8,10 @@ overridden model's FLOPs).
              model.embedding.dense_hidden=32
 """
 import sys
-from pathlib import Path
 
-from opengem.bench.isoflop import (
-    _batch_size,
-    default_config_path,
-    load_isoflop_config,
-    plan_grid,
-    prepare_study,
-    run_name,
-    train_and_test,
-)
+from opengem.bench.isoflop import default_config_path, load_isoflop_config, train_cell
 
-out, data = Path(sys.argv[1]), Path(sys.argv[2])
+out, data = sys.argv[1], sys.argv[2]
 lr, seeds, budget = float(sys.argv[3]), [int(s) for s in sys.argv[4].split(",")], int(sys.argv[5])
-extra = sys.argv[6:]
 cfg = load_isoflop_config(default_config_path("default"), families=["gem"])
-st = prepare_study(cfg, out, data, extra, lambda m: print(m, flush=True), False)
-plan = plan_grid(cfg.budgets, st.fwd, _batch_size(st), st.train_rows, cfg.min_steps, cfg.max_epochs)
-fam = cfg.families[0]
-p = next(q for q in plan if q.family == "gem" and q.size == 0 and q.budget == budget)
-for seed in seeds:
-    name = run_name("gem", 0, budget, lr, seed)
-    rec, trained = train_and_test(st.run_config(fam, 0, p.steps, lr, seed), out / "runs" / name, st.test_spec,
-                                  cfg.eval_rows)
-    print(name, "trained" if trained else "reused", rec["examples"], "rows", flush=True)
+train_cell(cfg, out, data, "gem", 0, budget, lr, seeds, sys.argv[6:], log=lambda m: print(m, flush=True))

@@ -1,7 +1,7 @@
 #!/bin/bash
-# ../../2026-12-02-s13/calibrate/run_cal.sh for runs in any folder: for each run, the whole test day before
-# calibration, then Platt and offset fits on the validation day (data.eval = day=006, held out), each scored
-# on the whole test day (day=007).   usage: run_cal.sh RUNS_DIR RUN...
+# For each run in RUNS_DIR: the whole test day before calibration, then Platt and offset fits on the
+# validation day (data.eval = day=006, held out), each scored on the whole test day (day=007).
+# (../../2026-12-02-s13/calibrate/run_cal.sh runs it on session 12's runs.)   usage: run_cal.sh RUNS_DIR RUN...
 OG=/work/main/.venv/bin/opengem
 cd "$1" || exit 1
 shift
