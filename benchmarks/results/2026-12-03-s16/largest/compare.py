@@ -1,0 +1,75 @@
+"""Session 15's ladder frontier (5e10, 1.58e11, 5e11; its isoflop.json) extended by the 1.58e12 runs of
+largest.py: the frontier per family, GEM minus each family at 1.58e12 (95 % Welch, the study's), each family's
+law NE = a C^-b + c refitted on its four frontier points, and the compute each baseline needs to reach GEM's
+1.58e12 NE, over GEM's, with a 95 % bootstrap over seeds (the study's code: opengem.bench.isoflop_report).
+
+    python compare.py RUNS_DIR...     (folders of largest.py runs: NAME/result.json)
+"""
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from opengem.bench.fit import mean_ci, percentile_interval
+from opengem.bench.isoflop import selection_ne
+from opengem.bench.isoflop_report import efficiency_ratio, fit_frontier, welch_difference
+
+FAMILIES = ("gem", "dcnv2", "dlrm")
+study = json.loads((Path(__file__).resolve().parents[2] / "2026-12-02-s15" / "ladder" / "isoflop.json")
+                   .read_text())
+floor = study["oracle_ne"]
+runs: dict[str, dict[float, list[tuple[int, float, float, float]]]] = {f: {} for f in FAMILIES}
+for folder in sys.argv[1:]:
+    for d in sorted(Path(folder).iterdir()):
+        if not (d / "result.json").exists():
+            continue
+        fam, lr, seed = d.name.split("-")[0], float(d.name.split("-lr")[1].split("-")[0]), int(d.name[-1])
+        r = json.loads((d / "result.json").read_text())
+        c = 3.0 * r["flops_per_example"] * r["examples"]
+        runs[fam].setdefault(lr, []).append((seed, selection_ne(r["valid"], "tasks"),
+                                             selection_ne(r["test"], "tasks"), c))
+
+points: dict[str, list[tuple[float, list[float]]]] = {}  # family -> [(training FLOPs, seeds' test NE)]
+print("| family | 5e10 | 1.58e11 | 5e11 | 1.58e12 (rate: seed-0 validation NE by rate) |")
+print("|---|---|---|---|---|")
+for fam in FAMILIES:
+    fr = study["frontier"][fam]
+    points[fam] = [(p["train_flops"], list(p["ne_seeds"])) for p in fr]
+    cells = [f"{p['ne']:.4f} ± {p['ne_ci95']:.4f}" for p in fr]
+    by_rate = runs[fam]
+    if by_rate:
+        valid0 = {lr: next(v for s, v, _, _ in rs if s == 0) for lr, rs in by_rate.items()}
+        best = min(valid0, key=valid0.get)
+        nes = [t for _, _, t, _ in sorted(by_rate[best])]
+        points[fam].append((by_rate[best][0][3], nes))
+        m, h = mean_ci(nes)
+        rates = ", ".join(f"{lr:g}: {v:.4f}" for lr, v in sorted(valid0.items()))
+        cells.append(f"{m:.4f} ± {h:.4f} ({len(nes)} seeds at {best:g}; {rates})")
+    print(f"| {fam} | " + " | ".join(cells) + " |")
+
+print()
+last = {f: p[-1][1] for f, p in points.items()}
+for fam in FAMILIES[1:]:
+    w = welch_difference(last["gem"], last[fam])
+    star = " *" if w["excludes_zero"] else ""
+    lo, hi = w["ci95"]
+    print(f"GEM minus {fam} at the largest budget: {w['diff']:+.4f} [{lo:+.4f}, {hi:+.4f}]{star}")
+
+print()
+fits = {f: fit_frontier([c for c, _ in p], [float(np.mean(n)) for _, n in p], floor)
+        for f, p in points.items()}
+for fam, law in fits.items():
+    print(f"{fam}: law {law.to_dict() if law else None}")
+rng = np.random.default_rng(0)
+boot = [{f: [float(np.mean(rng.choice(n, size=len(n)))) for _, n in p] for f, p in points.items()}
+        for _ in range(1000)]
+c_ref, ne_ref = points["gem"][-1][0], float(np.mean(points["gem"][-1][1]))
+for fam in FAMILIES[1:]:
+    ratio = efficiency_ratio(fits[fam], ne_ref, c_ref)
+    samples = []
+    for bm in boot:
+        law = fit_frontier([c for c, _ in points[fam]], bm[fam], floor, grid=100)
+        samples.append(efficiency_ratio(law, bm["gem"][-1], c_ref))
+    lo, hi = percentile_interval(samples)
+    print(f"{fam} compute to reach GEM's 1.58e12 NE, over GEM's: {ratio:.2f}x [{lo:.2f}, {hi:.2f}]")
