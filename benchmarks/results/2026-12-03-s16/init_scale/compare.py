@@ -1,10 +1,12 @@
-"""Embedding init (model.embedding.init_scale = 1.0: every table U(+-1/sqrt(d)), against TorchRec's default
-U(+-sqrt(1/rows)), which starts 1M-row tables near zero) at C = 1.58e11, each family's frontier cell of
-session 15's ladder study, paired by seed. Base seeds 0-2 are the study's own runs (its isoflop_runs.csv;
-they reproduce exactly), the rest are read from the run folders given.
+"""A variant against the base at C = 1.58e11, each family's frontier cell of session 15's ladder study, paired
+by seed: here the embedding init (model.embedding.init_scale = 1.0: every table U(+-1/sqrt(d)), against
+TorchRec's default U(+-sqrt(1/rows)), which starts 1M-row tables near zero); ../batch/ the batch size. Base
+seeds 0-2 are the study's own runs (its isoflop_runs.csv; they reproduce exactly), the rest are read from the
+run folders given.
 
-    python compare.py RUNS_DIR...      (folders holding NAME/result.json; a folder whose path has "init1" in
-                                        it holds init_scale = 1.0 runs, any other base runs)
+    python compare.py LABEL RUNS_DIR...   (folders holding NAME/result.json; a folder whose path contains
+                                           LABEL holds the variant's runs, any other base runs)
+    e.g. python compare.py init1 BASE_RUNS INIT1_RUNS
 """
 import csv
 import json
@@ -22,24 +24,25 @@ with open(study) as f:
     for row in csv.DictReader(f):
         for split in ("valid", "test"):
             ne["base", split, row["name"]] = float(row[f"{split}_ne"])
-for folder in sys.argv[1:]:
-    variant = "init1" if "init1" in folder else "base"
+label = sys.argv[1]
+for folder in sys.argv[2:]:
+    variant = "variant" if label in folder else "base"
     for d in Path(folder).iterdir():
         if (d / "result.json").exists():
             r = json.loads((d / "result.json").read_text())
             for split in ("valid", "test"):
                 ne[variant, split, d.name] = selection_ne(r[split], "tasks")
 
-print("| family (cell) | split | seeds | base mean | init_scale 1.0 mean | difference [95 % t, paired] |")
+print(f"| family (cell) | split | seeds | base mean | {label} mean | difference [95 % t, paired] |")
 print("|---|---|---|---|---|---|")
 for fam, prefix in CELLS.items():
     for split in ("valid", "test"):
         seeds = [s for s in range(10)
-                 if all((v, split, f"{prefix}-seed{s}") in ne for v in ("base", "init1"))]
+                 if all((v, split, f"{prefix}-seed{s}") in ne for v in ("base", "variant"))]
         if len(seeds) < 2:
             continue
         b = [ne["base", split, f"{prefix}-seed{s}"] for s in seeds]
-        v = [ne["init1", split, f"{prefix}-seed{s}"] for s in seeds]
+        v = [ne["variant", split, f"{prefix}-seed{s}"] for s in seeds]
         d = [y - x for x, y in zip(b, v)]
         h = T975[len(d) - 1] * st.stdev(d) / len(d) ** 0.5
         m = st.mean(d)
