@@ -4,11 +4,11 @@ GEM closes, GEM's calibration, and GEM minus each baseline over the seeds (95 % 
     python summary.py [DIR]     (DIR holds demo_seed0.txt ... demo_seed4.txt, the demo's printed output)
 """
 import re
-import statistics as st
 import sys
 from pathlib import Path
 
-T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571}
+from opengem.bench.fit import mean_ci
+
 NUM = r"\s+(\S+)"
 folder = Path(sys.argv[1] if len(sys.argv) > 1 else ".")
 rows = []
@@ -45,5 +45,5 @@ for task in ("click", "conversion"):
     for name, col in (("DLRM", 1), ("DCNv2", 2)):
         d = [ne[task][0] - ne[task][col] for _, ne, *_ in rows]
         if len(d) > 1:
-            m, h = st.mean(d), T975[len(d) - 1] * st.stdev(d) / len(d) ** 0.5
+            m, h = mean_ci(d)
             print(f"GEM - {name}, all/{task}: {m:+.4f} [{m - h:+.4f}, {m + h:+.4f}]")

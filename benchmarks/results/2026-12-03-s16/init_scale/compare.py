@@ -14,9 +14,9 @@ import statistics as st
 import sys
 from pathlib import Path
 
+from opengem.bench.fit import mean_ci
 from opengem.bench.isoflop import selection_ne
 
-T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447}
 CELLS = {"gem": "gem-s1-b1-lr0.003", "dcnv2": "dcnv2-s0-b1-lr0.003", "dlrm": "dlrm-s0-b1-lr0.003"}
 ne: dict[tuple[str, str, str], float] = {}  # (variant, split, run name) -> NE
 study = Path(__file__).resolve().parents[2] / "2026-12-02-s15" / "ladder" / "isoflop_runs.csv"
@@ -44,7 +44,6 @@ for fam, prefix in CELLS.items():
         b = [ne["base", split, f"{prefix}-seed{s}"] for s in seeds]
         v = [ne["variant", split, f"{prefix}-seed{s}"] for s in seeds]
         d = [y - x for x, y in zip(b, v)]
-        h = T975[len(d) - 1] * st.stdev(d) / len(d) ** 0.5
-        m = st.mean(d)
+        m, h = mean_ci(d)
         print(f"| {fam} ({prefix}) | {split} | {len(seeds)} | {st.mean(b):.4f} (sd {st.stdev(b):.4f}) | "
               f"{st.mean(v):.4f} (sd {st.stdev(v):.4f}) | {m:+.4f} [{m - h:+.4f}, {m + h:+.4f}] |")

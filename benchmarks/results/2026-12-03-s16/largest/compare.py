@@ -13,7 +13,7 @@ import numpy as np
 
 from opengem.bench.fit import mean_ci, percentile_interval
 from opengem.bench.isoflop import selection_ne
-from opengem.bench.isoflop_report import efficiency_ratio, fit_frontier, welch_difference
+from opengem.bench.isoflop_report import _bootstrap_means, efficiency_ratio, fit_frontier, welch_difference
 
 FAMILIES = ("gem", "dcnv2", "dlrm")
 study = json.loads((Path(__file__).resolve().parents[2] / "2026-12-02-s15" / "ladder" / "isoflop.json")
@@ -62,14 +62,13 @@ fits = {f: fit_frontier([c for c, _ in p], [float(np.mean(n)) for _, n in p], fl
 for fam, law in fits.items():
     print(f"{fam}: law {law.to_dict() if law else None}")
 rng = np.random.default_rng(0)
-boot = [{f: [float(np.mean(rng.choice(n, size=len(n)))) for _, n in p] for f, p in points.items()}
-        for _ in range(1000)]
+boot = _bootstrap_means({f: [n for _, n in p] for f, p in points.items()}, 1000, rng)  # the study's own
 c_ref, ne_ref = points["gem"][-1][0], float(np.mean(points["gem"][-1][1]))
 for fam in FAMILIES[1:]:
     ratio = efficiency_ratio(fits[fam], ne_ref, c_ref)
     samples = []
     for bm in boot:
-        law = fit_frontier([c for c, _ in points[fam]], bm[fam], floor, grid=100)
-        samples.append(efficiency_ratio(law, bm["gem"][-1], c_ref))
+        law = fit_frontier([c for c, _ in points[fam]], list(bm[fam]), floor, grid=100)
+        samples.append(efficiency_ratio(law, float(bm["gem"][-1]), c_ref))
     lo, hi = percentile_interval(samples)
     print(f"{fam} compute to reach GEM's 1.58e12 NE, over GEM's: {ratio:.2f}x [{lo:.2f}, {hi:.2f}]")
