@@ -4,7 +4,9 @@ One Trainer (the recipe's model, DMP, fused sparse optimizer, AdamW: the step ``
 times), one pool of real batches; the same weights run ``model.gem.kernel = "pytorch"`` and ``"fused"`` in
 interleaved windows, so machine load hits both alike. Reports per kernel the median wall and process-CPU
 milliseconds per step (CPU time is the steadier figure on a shared machine) and, with ``--profile N``, the
-top-N ops of the fused step by self CPU time.
+top-N ops of the fused step by self CPU time; with ``--modules D``, the forward's process-CPU milliseconds
+per step in every block down to depth D (hooks around each block's forward; the backward is not split by
+block, so the table also prints the whole step for scale).
 
     nice -n 10 .venv/bin/python benchmarks/gem_kernels.py --config configs/small.toml --profile 15
 """
@@ -35,6 +37,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8, help="steps per timed window")
     ap.add_argument("--windows", type=int, default=3, help="timed windows per kernel (interleaved)")
     ap.add_argument("--profile", type=int, default=0, help="print the top-N ops of the fused step")
+    ap.add_argument("--modules", type=int, default=0, help="forward CPU time per block down to this depth")
     ap.add_argument("overrides", nargs="*", help="section.key=value")
     args = ap.parse_args()
     cfg = load_run_config(args.config, args.overrides)
@@ -79,6 +82,33 @@ def main() -> None:
                                max_name_column_width=60))
             n_ops = sum(e.count for e in events if e.key.startswith("aten::")) / args.steps
             print(f"aten ops per step: {n_ops:.0f}")
+        if args.modules:
+            use_kernel(model, "fused")
+            forward_by_block(model, lambda: steps(args.steps), args.steps, args.modules)
+
+
+def forward_by_block(model: torch.nn.Module, run, n_steps: int, depth: int) -> None:  # noqa: ANN001
+    """Print each block's forward CPU ms per step (blocks nest: a parent's time includes its children's)."""
+    spent: dict[str, float] = {}
+    started: dict[str, float] = {}
+    hooks = []
+    for name, m in model.named_modules():
+        if name and name.count(".") < depth:
+            hooks.append(m.register_forward_pre_hook(
+                lambda _m, _a, n=name: started.__setitem__(n, time.process_time())))
+            hooks.append(m.register_forward_hook(
+                lambda _m, _a, _o, n=name: spent.__setitem__(n, spent.get(n, 0.0) + time.process_time()
+                                                              - started[n])))
+    try:
+        step_ms = run()[1]
+    finally:
+        for h in hooks:
+            h.remove()
+    print(f"whole step (forward, backward, optimizer): {step_ms:.1f} ms CPU")
+    for name, _ in model.named_modules():
+        ms = spent.get(name, 0.0) / n_steps * 1e3
+        if ms >= 0.5:
+            print(f"  {'  ' * name.count('.')}{name:<{56 - 2 * name.count('.')}} {ms:7.2f} ms forward")
 
 
 if __name__ == "__main__":
