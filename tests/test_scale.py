@@ -203,6 +203,33 @@ def test_isoflop_efficiency_on_known_laws():
     assert fit_frontier(cs[:2], base[:2], 0.6) is None
 
 
+def test_isoflop_efficiency_table_brackets_the_known_ratio():
+    """The table the study's report and the follow-up scripts share: the point ratio of a baseline that
+    needs 4x the compute, an interval around it from the seeds' spread, and its width set by that spread."""
+    from opengem.bench.isoflop_report import efficiency_table, fit_frontier
+
+    cs = list(np.geomspace(1e9, 1e11, 4))
+    rng = np.random.default_rng(1)
+
+    def family(shift: float, sd: float) -> tuple[list[dict], list[list[float]]]:
+        means = [0.9 * (c / shift) ** -0.1 + 0.7 for c in cs]
+        seeds = [list(m + rng.normal(0.0, sd, 5)) for m in means]
+        return [{"train_flops": c, "ne": float(np.mean(s))} for c, s in zip(cs, seeds)], seeds
+
+    for sd in (1e-4, 2e-3):
+        (g, gs), (b, bs) = family(1.0, sd), family(4.0, sd)
+        frontier, seeds = {"gem": g, "dcnv2": b}, {"gem": gs, "dcnv2": bs}
+        fits = {f: fit_frontier(cs, [p["ne"] for p in fr], 0.6) for f, fr in frontier.items()}
+        rows = efficiency_table(frontier, seeds, fits, 0.6, "gem", 200)["dcnv2"]
+        assert [r["budget"] for r in rows] == [0, 1, 2, 3]
+        last = rows[-1]
+        assert last["ratio"] == pytest.approx(4.0, rel=0.15 if sd > 1e-3 else 0.03)
+        lo, hi = last["ci95"]
+        assert lo <= last["ratio"] <= hi
+        assert (hi - lo < 1.0) if sd < 1e-3 else (hi - lo > 0.3)
+        assert efficiency_table(frontier, seeds, fits, 0.6, "gem", 200) == {"dcnv2": rows}  # seeded
+
+
 def test_isoflop_tiny_study_end_to_end_and_resume(tmp_path):
     """One family, 2 sizes, 2 budgets, 2 seeds on a shrunk stream: rows = C / (3 x FLOPs), the best size
     chosen on validation, the extra seed at it, outputs written; a second call trains nothing."""

@@ -110,30 +110,8 @@ def summarize_study(cfg: Any, st: Any, records: list[dict[str, Any]], lr_choice:
         fam: fit_frontier([p["train_flops"] for p in fr], [p["ne"] for p in fr], floor)
         for fam, fr in frontier.items()}
     ref = cfg.reference
-    efficiency: dict[str, list[dict[str, Any]]] = {}
-    if ref in frontier:
-        rng = np.random.default_rng(0)
-        boot = _bootstrap_means(seeds_ne, cfg.bootstrap, rng)
-        for fam in frontier:
-            if fam == ref:
-                continue
-            fr, lo_c, hi_c = frontier[fam], frontier[fam][0]["train_flops"], frontier[fam][-1]["train_flops"]
-            boot_fits = [fit_frontier([p["train_flops"] for p in fr], list(bm[fam]), floor, grid=100)
-                         for bm in boot]
-            rows: list[dict[str, Any]] = []
-            for b, p_ref in enumerate(frontier[ref]):
-                ratio = efficiency_ratio(fits[fam], p_ref["ne"], p_ref["train_flops"])
-                samples = [efficiency_ratio(f, float(bm[ref][b]), p_ref["train_flops"])
-                           for f, bm in zip(boot_fits, boot)]
-                needed = ratio * p_ref["train_flops"]
-                rows.append({"budget": b, "c_ref": p_ref["train_flops"], "ne_ref": p_ref["ne"],
-                             "ratio": ratio, "reachable": (not math.isinf(ratio)) if ratio == ratio else None,
-                             "ci95": list(percentile_interval(samples)),
-                             "unreachable_share": float(np.mean([math.isinf(s) for s in samples])) if samples
-                             else None,
-                             "extrapolated": bool(math.isfinite(needed) and not lo_c <= needed <= hi_c)
-                             if needed == needed else None})
-            efficiency[fam] = rows
+    efficiency = (efficiency_table(frontier, seeds_ne, fits, floor, ref, cfg.bootstrap) if ref in frontier
+                  else {})
     gap = _gap_closed(frontier, oracle_keys, keys)
     differences = {fam: [welch_difference(p_ref["ne_seeds"], p["ne_seeds"])
                          for p_ref, p in zip(frontier[ref], fr)]
@@ -167,6 +145,39 @@ def summarize_study(cfg: Any, st: Any, records: list[dict[str, Any]], lr_choice:
         "plan": [{k: getattr(p, k) for k in ("family", "size", "budget", "fwd_flops", "steps", "examples")}
                  for p in plan],
     }
+
+
+def efficiency_table(frontier: dict[str, list[dict[str, Any]]], seeds_ne: dict[str, list[list[float]]],
+                     fits: dict[str, PowerLaw | None], floor: float | None, ref: str, n_boot: int,
+                     seed: int = 0) -> dict[str, list[dict[str, Any]]]:
+    """Per baseline family, per budget of ``ref``'s frontier: the compute the family's law needs to reach
+    ``ref``'s NE there, over ``ref``'s compute, with a 95 % bootstrap interval (seeds of every family
+    resampled, each resample's law refitted). ``frontier[fam]``: points with ``train_flops`` and ``ne``;
+    ``seeds_ne[fam]``: each point's seeds' NE. Shared by the study's report and the scripts that extend its
+    frontier with runs of their own."""
+    boot = _bootstrap_means(seeds_ne, n_boot, np.random.default_rng(seed))
+    efficiency: dict[str, list[dict[str, Any]]] = {}
+    for fam in frontier:
+        if fam == ref:
+            continue
+        fr, lo_c, hi_c = frontier[fam], frontier[fam][0]["train_flops"], frontier[fam][-1]["train_flops"]
+        boot_fits = [fit_frontier([p["train_flops"] for p in fr], list(bm[fam]), floor, grid=100)
+                     for bm in boot]
+        rows: list[dict[str, Any]] = []
+        for b, p_ref in enumerate(frontier[ref]):
+            ratio = efficiency_ratio(fits[fam], p_ref["ne"], p_ref["train_flops"])
+            samples = [efficiency_ratio(f, float(bm[ref][b]), p_ref["train_flops"])
+                       for f, bm in zip(boot_fits, boot)]
+            needed = ratio * p_ref["train_flops"]
+            rows.append({"budget": b, "c_ref": p_ref["train_flops"], "ne_ref": p_ref["ne"],
+                         "ratio": ratio, "reachable": (not math.isinf(ratio)) if ratio == ratio else None,
+                         "ci95": list(percentile_interval(samples)),
+                         "unreachable_share": float(np.mean([math.isinf(s) for s in samples])) if samples
+                         else None,
+                         "extrapolated": bool(math.isfinite(needed) and not lo_c <= needed <= hi_c)
+                         if needed == needed else None})
+        efficiency[fam] = rows
+    return efficiency
 
 
 def welch_difference(a: list[float], b: list[float]) -> dict[str, Any]:

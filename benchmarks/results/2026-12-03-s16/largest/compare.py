@@ -11,9 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
-from opengem.bench.fit import mean_ci, percentile_interval
+from opengem.bench.fit import mean_ci
 from opengem.bench.isoflop import selection_ne
-from opengem.bench.isoflop_report import _bootstrap_means, efficiency_ratio, fit_frontier, welch_difference
+from opengem.bench.isoflop_report import efficiency_table, fit_frontier, welch_difference
 
 FAMILIES = ("gem", "dcnv2", "dlrm")
 study = json.loads((Path(__file__).resolve().parents[2] / "2026-12-02-s15" / "ladder" / "isoflop.json")
@@ -61,14 +61,10 @@ fits = {f: fit_frontier([c for c, _ in p], [float(np.mean(n)) for _, n in p], fl
         for f, p in points.items()}
 for fam, law in fits.items():
     print(f"{fam}: law {law.to_dict() if law else None}")
-rng = np.random.default_rng(0)
-boot = _bootstrap_means({f: [n for _, n in p] for f, p in points.items()}, 1000, rng)  # the study's own
-c_ref, ne_ref = points["gem"][-1][0], float(np.mean(points["gem"][-1][1]))
+frontier = {f: [{"train_flops": c, "ne": float(np.mean(n))} for c, n in p] for f, p in points.items()}
+seeds_ne = {f: [n for _, n in p] for f, p in points.items()}
+table = efficiency_table(frontier, seeds_ne, fits, floor, "gem", 1000)
 for fam in FAMILIES[1:]:
-    ratio = efficiency_ratio(fits[fam], ne_ref, c_ref)
-    samples = []
-    for bm in boot:
-        law = fit_frontier([c for c, _ in points[fam]], list(bm[fam]), floor, grid=100)
-        samples.append(efficiency_ratio(law, float(bm["gem"][-1]), c_ref))
-    lo, hi = percentile_interval(samples)
-    print(f"{fam} compute to reach GEM's 1.58e12 NE, over GEM's: {ratio:.2f}x [{lo:.2f}, {hi:.2f}]")
+    row = table[fam][-1]  # the study's own bootstrap (seed 0) at GEM's largest budget
+    lo, hi = row["ci95"]
+    print(f"{fam} compute to reach GEM's 1.58e12 NE, over GEM's: {row['ratio']:.2f}x [{lo:.2f}, {hi:.2f}]")
