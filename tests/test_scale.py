@@ -206,7 +206,7 @@ def test_isoflop_efficiency_on_known_laws():
 def test_isoflop_efficiency_table_brackets_the_known_ratio():
     """The table the study's report and the follow-up scripts share: the point ratio of a baseline that
     needs 4x the compute, an interval around it from the seeds' spread, and its width set by that spread."""
-    from opengem.bench.isoflop_report import efficiency_table, fit_frontier
+    from opengem.bench.isoflop_report import efficiency_table, fit_frontier, format_laws, frontier_laws
 
     cs = list(np.geomspace(1e9, 1e11, 4))
     rng = np.random.default_rng(1)
@@ -228,6 +228,13 @@ def test_isoflop_efficiency_table_brackets_the_known_ratio():
         assert lo <= last["ratio"] <= hi
         assert (hi - lo < 1.0) if sd < 1e-3 else (hi - lo > 0.3)
         assert efficiency_table(frontier, seeds, fits, 0.6, "gem", 200) == {"dcnv2": rows}  # seeded
+        points = {f: [(c, n) for c, n in zip(cs, seeds[f])] for f in frontier}  # the scripts' form
+        laws, table = frontier_laws(points, 0.6, "gem", 200)
+        assert table == {"dcnv2": rows} and laws["dcnv2"].to_dict() == fits["dcnv2"].to_dict()
+        text = format_laws(laws, table, "GEM", "1e11").splitlines()
+        assert text[0].startswith("gem: law {") and len(text) == 3
+        assert text[2] == (f"dcnv2 compute to reach GEM's 1e11 NE, over GEM's: {last['ratio']:.2f}x "
+                           f"[{lo:.2f}, {hi:.2f}]")
 
 
 def test_isoflop_tiny_study_end_to_end_and_resume(tmp_path):

@@ -23,7 +23,7 @@ import numpy as np
 
 from opengem.bench.fit import mean_ci
 from opengem.bench.isoflop import selection_ne
-from opengem.bench.isoflop_report import efficiency_table, fit_frontier, welch_difference
+from opengem.bench.isoflop_report import format_laws, frontier_laws, welch_difference
 
 FAMILIES = ("gem", "dcnv2", "dlrm")
 NAME = re.compile(r"(\w+)-s(\d+)-b(\d+)-lr([0-9.e-]+)-seed(\d+)$")
@@ -103,17 +103,7 @@ for i, budget in enumerate(("5e10", "1.58e11", "5e11", "1.58e12")):
         print(f"{budget}: GEM minus {fam} {w['diff']:+.4f} [{lo:+.4f}, {hi:+.4f}]{star}")
 
 print()
-fits = {f: fit_frontier([c for c, _ in p], [float(np.mean(n)) for _, n in p], floor)
-        for f, p in points.items()}
-for fam, law in fits.items():
-    print(f"{fam}: law {law.to_dict() if law else None}")
-frontier = {f: [{"train_flops": c, "ne": float(np.mean(n))} for c, n in p] for f, p in points.items()}
-seeds_ne = {f: [n for _, n in p] for f, p in points.items()}
-table = efficiency_table(frontier, seeds_ne, fits, floor, "gem", 1000)
-for fam in FAMILIES[1:]:
-    row = table[fam][-1]  # the study's own bootstrap (seed 0) at GEM's largest budget
-    lo, hi = row["ci95"]
-    print(f"{fam} compute to reach GEM's 1.58e12 NE, over GEM's: {row['ratio']:.2f}x [{lo:.2f}, {hi:.2f}]")
+print(format_laws(*frontier_laws(points, floor, "gem", 1000), "GEM", "1.58e12"))  # the study's bootstrap
 
 if oracle_data:
     from opengem.bench.size_ladder import oracle_with_totals

@@ -180,6 +180,30 @@ def efficiency_table(frontier: dict[str, list[dict[str, Any]]], seeds_ne: dict[s
     return efficiency
 
 
+def frontier_laws(points: dict[str, list[tuple[float, list[float]]]], floor: float | None, ref: str,
+                  n_boot: int) -> tuple[dict[str, PowerLaw | None], dict[str, list[dict[str, Any]]]]:
+    """Each family's law on its frontier ``points`` (training FLOPs, the seeds' NE) and
+    :func:`efficiency_table` against ``ref``: what the study reports, for a frontier assembled outside one
+    study's runs."""
+    fits = {f: fit_frontier([c for c, _ in p], [float(np.mean(n)) for _, n in p], floor)
+            for f, p in points.items()}
+    frontier = {f: [{"train_flops": c, "ne": float(np.mean(n))} for c, n in p] for f, p in points.items()}
+    seeds_ne = {f: [n for _, n in p] for f, p in points.items()}
+    return fits, efficiency_table(frontier, seeds_ne, fits, floor, ref, n_boot)
+
+
+def format_laws(fits: dict[str, PowerLaw | None], table: dict[str, list[dict[str, Any]]], ref: str,
+                budget: str) -> str:
+    """:func:`frontier_laws`'s result as the follow-up scripts print it: each law, then each baseline's
+    compute to reach ``ref``'s NE at its largest budget (named ``budget``), over ``ref``'s."""
+    lines = [f"{fam}: law {law.to_dict() if law else None}" for fam, law in fits.items()]
+    for fam, rows in table.items():
+        lo, hi = rows[-1]["ci95"]
+        lines.append(f"{fam} compute to reach {ref}'s {budget} NE, over {ref}'s: {rows[-1]['ratio']:.2f}x "
+                     f"[{lo:.2f}, {hi:.2f}]")
+    return "\n".join(lines)
+
+
 def welch_difference(a: list[float], b: list[float]) -> dict[str, Any]:
     """mean(a) - mean(b) with its 95 % Welch t interval (unequal variances, Welch-Satterthwaite degrees of
     freedom rounded down). Seed s gives two families the same row order but different sizes read different

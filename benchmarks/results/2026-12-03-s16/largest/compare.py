@@ -9,11 +9,9 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
-
 from opengem.bench.fit import mean_ci
 from opengem.bench.isoflop import selection_ne
-from opengem.bench.isoflop_report import efficiency_table, fit_frontier, welch_difference
+from opengem.bench.isoflop_report import format_laws, frontier_laws, welch_difference
 
 FAMILIES = ("gem", "dcnv2", "dlrm")
 study = json.loads((Path(__file__).resolve().parents[2] / "2026-12-02-s15" / "ladder" / "isoflop.json")
@@ -57,14 +55,4 @@ for fam in FAMILIES[1:]:
     print(f"GEM minus {fam} at the largest budget: {w['diff']:+.4f} [{lo:+.4f}, {hi:+.4f}]{star}")
 
 print()
-fits = {f: fit_frontier([c for c, _ in p], [float(np.mean(n)) for _, n in p], floor)
-        for f, p in points.items()}
-for fam, law in fits.items():
-    print(f"{fam}: law {law.to_dict() if law else None}")
-frontier = {f: [{"train_flops": c, "ne": float(np.mean(n))} for c, n in p] for f, p in points.items()}
-seeds_ne = {f: [n for _, n in p] for f, p in points.items()}
-table = efficiency_table(frontier, seeds_ne, fits, floor, "gem", 1000)
-for fam in FAMILIES[1:]:
-    row = table[fam][-1]  # the study's own bootstrap (seed 0) at GEM's largest budget
-    lo, hi = row["ci95"]
-    print(f"{fam} compute to reach GEM's 1.58e12 NE, over GEM's: {row['ratio']:.2f}x [{lo:.2f}, {hi:.2f}]")
+print(format_laws(*frontier_laws(points, floor, "gem", 1000), "GEM", "1.58e12"))  # the study's bootstrap
