@@ -5,8 +5,9 @@
 (``ladder/ladder_5e11.toml``). 1.58e12: every run of the 6.4M-row stream (sessions 16 and 17, run folders).
 At 5e11 and 1.58e12 each family's cell is chosen as the study chooses: the size and rate with the lowest
 seed-0 validation NE; its seeds' test NE make the point. Then GEM minus each family (95 % Welch), the laws
-NE = a C^-b + c refitted on the four points, the compute each baseline needs to reach GEM's largest-budget
-NE over GEM's (95 % bootstrap over seeds), and the share of the DLRM -> oracle gap GEM closes there.
+NE = a C^-b + c refitted on the four points (plotted with the frontier to frontier.png), the compute each
+baseline needs to reach GEM's largest-budget NE over GEM's (95 % bootstrap over seeds), and the share of the
+DLRM -> oracle gap GEM closes there.
 
     python compare.py STUDY_JSON ORACLE_DATA RUN_DIR...
       STUDY_JSON   the 5e10 / 1.58e11 study's isoflop.json
@@ -24,6 +25,7 @@ import numpy as np
 from opengem.bench.fit import mean_ci
 from opengem.bench.isoflop import selection_ne
 from opengem.bench.isoflop_report import format_laws, frontier_laws, welch_difference
+from opengem.bench.scaling_plot import plot_isoflop
 
 FAMILIES = ("gem", "dcnv2", "dlrm")
 NAME = re.compile(r"(\w+)-s(\d+)-b(\d+)-lr([0-9.e-]+)-seed(\d+)$")
@@ -103,7 +105,12 @@ for i, budget in enumerate(("5e10", "1.58e11", "5e11", "1.58e12")):
         print(f"{budget}: GEM minus {fam} {w['diff']:+.4f} [{lo:+.4f}, {hi:+.4f}]{star}")
 
 print()
-print(format_laws(*frontier_laws(points, floor, "gem", 1000), "GEM", "1.58e12"))  # the study's bootstrap
+fits, table = frontier_laws(points, floor, "gem", 1000)
+print(format_laws(fits, table, "GEM", "1.58e12"))  # the study's bootstrap
+plotted = {f: [{"train_flops": c, "ne": mean_ci(n)[0], "ne_ci95": mean_ci(n)[1]} for c, n in p]
+           for f, p in points.items()}
+plot_isoflop({"frontier": plotted, "fits": {f: law.to_dict() for f, law in fits.items() if law},
+              "oracle_ne": floor, "metric": "tasks"}, [], here / "frontier.png")
 
 if oracle_data:
     from opengem.bench.size_ladder import oracle_with_totals
