@@ -107,7 +107,7 @@ for i, budget in enumerate(("5e10", "1.58e11", "5e11", "1.58e12")):
 print()
 fits, table = frontier_laws(points, floor, "gem", 1000)
 print(format_laws(fits, table, "GEM", "1.58e12"))  # the study's bootstrap
-plotted = {f: [{"train_flops": c, "ne": mean_ci(n)[0], "ne_ci95": mean_ci(n)[1]} for c, n in p]
+plotted = {f: [dict(zip(("train_flops", "ne", "ne_ci95"), (c, *mean_ci(n)))) for c, n in p]
            for f, p in points.items()}
 plot_isoflop({"frontier": plotted, "fits": {f: law.to_dict() for f, law in fits.items() if law},
               "oracle_ne": floor, "metric": "tasks"}, [], here / "frontier.png")

@@ -14,7 +14,7 @@ from opengem.bench.fit import mean_ci
 from opengem.bench.isoflop import selection_ne
 
 CELLS = {"gem": "gem-s1-b1-lr0.003", "dcnv2": "dcnv2-s4-b1-lr0.003", "dlrm": "dlrm-s0-b1-lr0.003"}
-RATES = {"0.05": None, "0.2": None, "0.8": None}
+RATES = ("0.05", "0.2", "0.8")
 study_runs, out = Path(sys.argv[1]), Path(sys.argv[2])
 
 
