@@ -1,3 +1,4 @@
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -182,3 +183,30 @@ def test_dense_norm_standardises_dense_inputs(schema):
     assert torch.allclose(m(b).dense, e.dense)  # evaluation normalises exactly as training did
     raw = FeatureEmbedding(schema, EmbeddingConfig(d=16))(b)
     assert torch.equal(raw.dense, b.dense)
+
+
+def test_seq_recent_reads_only_the_most_recent_events(schema):
+    """``seq_recent = k`` is the same model fed each history's last k events, on the jagged path and on
+    the static (pad_to_max_len) one, and counts k events per example in its FLOPs."""
+    torch.manual_seed(0)
+    b = random_batch(schema, 6, max_seq_len=9)
+    k = 3
+    full = FeatureEmbedding(schema, EmbeddingConfig(d=16))
+    cut_cfgs = [EmbeddingConfig(d=16, seq_recent=k), EmbeddingConfig(d=16, seq_recent=k, pad_to_max_len=True)]
+    sb = b.sequences["hist"]
+    lens = sb.lengths
+    assert int(lens.max()) > k and int(lens.min()) < k  # rows cut and rows kept whole
+    short = dataclasses.replace(b, sequences={"hist": sb.recent(k)})
+    ref = full(short).sequences["hist"]
+    for cfg in cut_cfgs:
+        m = FeatureEmbedding(schema, cfg)
+        m.load_state_dict(full.state_dict())
+        s = m(b).sequences["hist"]
+        assert torch.equal(s.lengths, lens.clamp(max=k))
+        assert s.values.shape[1] == k
+        assert torch.allclose(s.values, ref.values[:, :k], atol=1e-6) and torch.equal(s.mask, ref.mask[:, :k])
+        assert m.seq_len("hist") == k
+        assert full.flops_per_example() - m.flops_per_example() == (
+            (full.seq_len("hist") - k) * 2 * m.seq_proj["hist"].in_features * 16)
+    # recent(k) of a row kept whole is the row itself
+    assert sb.recent(int(lens.max())) is sb

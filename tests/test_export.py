@@ -383,3 +383,19 @@ def test_a_head_with_a_context_term_exports_equal_to_eager(name):
     with torch.no_grad():
         want = model(b).logits
     assert (program.module()(*flat_inputs(b, schema)) - want).abs().max().item() <= TOL
+
+
+@pytest.mark.parametrize("name", ["dcnv2", "gem"])
+def test_a_model_reading_only_recent_events_exports_equal_to_eager(name):
+    """model.embedding.seq_recent cuts the jagged batch in eager forward; the exported program pads to the
+    schema's max_len (static shapes) and cuts after padding: the same scores."""
+    cfg = load_run_config(TINY, [f"model.name={name}", "model.embedding.seq_recent=3"]).model
+    schema = tiny_schema()
+    torch.manual_seed(0)
+    model = build_model(schema, cfg).eval()
+    program = export_program(model, schema)
+    b = with_empty_rows(schema, 9, seed=4)
+    assert int(b.sequences["hist"].lengths.max()) > 3
+    with torch.no_grad():
+        want = model(b).logits
+    assert (program.module()(*flat_inputs(b, schema)) - want).abs().max().item() <= TOL

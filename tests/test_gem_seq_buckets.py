@@ -375,3 +375,32 @@ def test_bench_train_reports_padded_flops_beside_real_and_full(tmp_path: Path, c
     assert r["mfu_cpu_padded"] == pytest.approx(r["examples_per_cpu_s"] * 3 * padded / r["peak_flops_cpu"])
     assert r["mfu"] < r["mfu_padded"] < r["mfu_full"]
     assert "padded_flops_per_example" in r["conventions"]
+
+
+# ------------------------------------------------------------------ only the most recent events
+@pytest.mark.parametrize("k", [1, 3])
+def test_seq_recent_is_gem_on_the_cut_batch_and_counts_what_runs(gem, k):
+    """``embedding.seq_recent = r``: the same logits as the same weights fed each history's last r events,
+    bucketed or not, and batch_flops equal to FlopCounterMode's count of that pass."""
+    model, schema = gem
+    batch = BATCHES["jagged"](schema)
+    r = 4
+    cut = dataclasses.replace(batch, sequences={g: sb.recent(r) for g, sb in batch.sequences.items()})
+    assert any(int(sb.lengths.max()) > r for sb in batch.sequences.values())
+    use_kernel(model, "pytorch")
+    model.cfg.seq_buckets = k
+    rewind = _rewinder(model)
+    try:
+        rewind()
+        ref = model(cut).logits.detach()
+        model.embedding.cfg.seq_recent = r
+        rewind()
+        torch.testing.assert_close(model(batch).logits.detach(), ref, atol=ATOL, rtol=RTOL)
+        counted = measured_flops(model, batch) * batch.batch_size
+        assert model.batch_flops(batch) == pytest.approx(counted, rel=1e-9)
+        assert model.batch_flops(batch) == model.batch_flops(cut)
+    finally:
+        rewind()
+        model.embedding.cfg.seq_recent = 0
+        model.cfg.seq_buckets = 1
+        use_kernel(model, model.cfg.kernel)

@@ -226,6 +226,7 @@ def _sample_args() -> dict[str, tuple]:
         "jagged.zero_padding": (x, mask),
         "jagged.ensure_nonempty": (x, mask),
         "jagged.gather_last": (x, lengths, 2),
+        "jagged.keep_last_index": (lengths, 2),
         "jagged.compact": (x, mask),
         "attention.safe_key_mask": (mask,),
         "attention.rope": (q, torch.arange(4)),
@@ -281,3 +282,21 @@ def test_resolve_kernel():
     for bad in (None, 0, "torch"):
         with pytest.raises(ValueError, match="pytorch"):
             resolve_kernel(bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("lengths,L", CASES)
+@pytest.mark.parametrize("k", [1, 2, 5, 8])
+def test_keep_last_index_keeps_each_rows_most_recent_events(lengths, L, k):
+    values = _values(lengths, (3,), seed=k)
+    index, kept = jagged.keep_last_index(torch.tensor(lengths, dtype=torch.long), k)
+    ref, start = [], 0
+    for n in lengths:  # row by row: the last min(n, k) values, in order
+        ref.append(values[start + max(n - k, 0) : start + n])
+        start += n
+    assert kept.tolist() == [min(n, k) for n in lengths]
+    assert torch.equal(values.index_select(0, index), torch.cat(ref) if ref else values[:0])
+
+
+def test_keep_last_index_refuses_k_below_one():
+    with pytest.raises(ValueError, match="k must be >= 1"):
+        jagged.keep_last_index(torch.tensor([2, 3]), 0)

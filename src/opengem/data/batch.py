@@ -12,7 +12,7 @@ import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from torchrec.streamable import Pipelineable
 
-from opengem.ops.jagged import jagged_to_padded, lengths_to_offsets, padding_mask
+from opengem.ops.jagged import jagged_to_padded, keep_last_index, lengths_to_offsets, padding_mask
 
 
 @dataclass
@@ -37,6 +37,14 @@ class SequenceBatch:
             ids={k: v.to(device, non_blocking=non_blocking) for k, v in self.ids.items()},
             dense={k: v.to(device, non_blocking=non_blocking) for k, v in self.dense.items()},
         )
+
+    def recent(self, k: int) -> SequenceBatch:
+        """The group with each row cut to its ``k`` most recent events (itself when no row is longer)."""
+        if not self.lengths.numel() or int(self.lengths.max()) <= k:
+            return self
+        index, kept = keep_last_index(self.lengths, k)
+        return SequenceBatch(lengths=kept, ids={f: v.index_select(0, index) for f, v in self.ids.items()},
+                             dense={f: v.index_select(0, index) for f, v in self.dense.items()})
 
     def padded(self, name: str, max_len: int | None = None, pad_value: float = 0) -> torch.Tensor:
         """[B, L] dense view of one field (for reference implementations and tests)."""

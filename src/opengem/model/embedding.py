@@ -24,6 +24,7 @@ assigns into a tensor in place (TorchRec's train pipeline FX-traces the model).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -37,7 +38,7 @@ from opengem.config import ConfigError
 from opengem.data.batch import Batch
 from opengem.data.schema import SEQ_SEP, FeatureSchema
 from opengem.model.flops import linear_flops, mlp_flops
-from opengem.ops.jagged import jagged_to_padded
+from opengem.ops.jagged import gather_last, jagged_to_padded
 
 
 # --------------------------------------------------------------------------- config checks
@@ -82,6 +83,10 @@ class EmbeddingConfig:
     target_features: list[str] = field(default_factory=list)
     # pad sequences to the schema's max_len instead of the batch's longest row (static shapes for compile)
     pad_to_max_len: bool = False
+    # read only each sequence's N most recent events (0 = all of them): production rankers cut histories to
+    # their latest events, which predict best and which every sequence model pays for per event; a model
+    # size knob (GEM's sequence path and per-event projection scale with it; pooled baselines barely do)
+    seq_recent: int = 0
     # table init: rows ~ U(-s, s) with s = init_scale / sqrt(dim) when > 0; 0 = TorchRec's default
     # U(+-sqrt(1 / rows)), which makes rows of a 1M-row table ~1000x smaller than those of a 10-row one, so
     # big-vocabulary tokens (user, ad) start near zero beside small-vocabulary and dense tokens
@@ -121,6 +126,7 @@ class FeatureEmbedding(nn.Module):
         check_at_least("embedding.dense_tokens", cfg.dense_tokens, 0)
         check_at_least("embedding.dense_hidden", cfg.dense_hidden, 0)
         check_at_least("embedding.init_scale", cfg.init_scale, 0)
+        check_at_least("embedding.seq_recent", cfg.seq_recent, 0)
         self.schema = schema
         self.cfg = cfg
         self.d = d = cfg.d
@@ -249,6 +255,9 @@ class FeatureEmbedding(nn.Module):
     # ------------------------------------------------------------------ forward
     def forward(self, batch: Batch) -> EmbeddedFeatures:
         B = batch.batch_size
+        if self.cfg.seq_recent and not self.cfg.pad_to_max_len:  # static shapes cut after padding instead
+            batch = dataclasses.replace(
+                batch, sequences={g: sb.recent(self.cfg.seq_recent) for g, sb in batch.sequences.items()})
         sparse = batch.sparse.to_dict() if self.schema.sparse else {}
         for name in self.schema.sparse_names:
             if name not in sparse:
@@ -349,12 +358,18 @@ class FeatureEmbedding(nn.Module):
         flat = self.seq_proj[group](torch.cat(parts, dim=1))
         L = g.max_len if self.cfg.pad_to_max_len else max(int(lengths.max()) if lengths.numel() else 0, 1)
         values, mask = jagged_to_padded(flat, lengths, L)
+        k = self.cfg.seq_recent
+        if k and k < L:  # only with pad_to_max_len: forward already cut the jagged batch otherwise
+            values, mask = gather_last(values, lengths, k)
+            lengths = lengths.clamp(max=k)
         return SequenceTokens(values=values, mask=mask, lengths=lengths)
 
     # ------------------------------------------------------------------ accounting
     def seq_len(self, group: str, seq_len: int | None = None) -> int:
         """Full length of ``group`` used for FLOPs: ``seq_len`` if given (capped at max_len), else max_len."""
         L = self.schema.sequence(group).max_len
+        if self.cfg.seq_recent:
+            L = min(L, self.cfg.seq_recent)
         return L if seq_len is None else min(seq_len, L)
 
     def flops_per_example(self, seq_len: int | None = None) -> int:

@@ -234,6 +234,8 @@ class GEM(nn.Module):
         lengths = []
         for g in self.groups:
             n = batch.sequences[g].lengths.detach().to("cpu", torch.long)
+            if self.embedding.cfg.seq_recent:  # forward reads only the most recent events
+                n = n.clamp(max=self.embedding.cfg.seq_recent)
             total += linear_flops(self.embedding.seq_proj[g].in_features, self.embedding.d) * int(n.sum())
             lengths.append(n)
         merged = sum(lengths)
@@ -241,7 +243,7 @@ class GEM(nn.Module):
             for rows, longest in length_buckets(merged, self.cfg.seq_buckets):
                 total += rows.numel() * self.sequence_path_flops(max(longest, 1))
         else:  # each group padded to its longest row (or max_len), the groups side by side
-            widths = [self.schema.sequence(g).max_len if self.embedding.cfg.pad_to_max_len
+            widths = [self.embedding.seq_len(g) if self.embedding.cfg.pad_to_max_len
                       else max(int(n.max()) if n.numel() else 0, 1) for g, n in zip(self.groups, lengths)]
             total += B * self.sequence_path_flops(sum(widths))
         return total

@@ -58,6 +58,21 @@ def jagged_to_padded(
     return padded, pt_jagged.padding_mask(lengths, max_len)
 
 
+def keep_last_index(
+    lengths: torch.Tensor, k: int, *, kernel: Kernel | str = Kernel.PYTORCH
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(index, kept lengths) that keep each row's last ``k`` values of a jagged batch, still jagged.
+
+    Lists are oldest first, so these are each row's ``k`` most recent events: ``values.index_select(0,
+    index)`` with the kept lengths ``min(lengths, k)`` is the truncated batch (one index for every field of
+    a sequence group). The index is sorted, so each row's kept events stay in order.
+    """
+    resolve_kernel(kernel)
+    if k < 1:
+        raise ValueError(f"keep_last_index: k must be >= 1 (got {k})")
+    return pt_jagged.keep_last_index(lengths, k)
+
+
 def padded_to_jagged(
     padded: torch.Tensor,
     lengths: torch.Tensor,

@@ -37,6 +37,15 @@ def jagged_to_padded(
     return padded.reshape(padded.shape[0], max_len, *inner) if values.dim() != 2 else padded
 
 
+def keep_last_index(lengths: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    kept = lengths.clamp(max=k)
+    first = lengths_to_offsets(lengths)[:-1] + (lengths - kept)  # where each row's kept events start
+    kept_offsets = lengths_to_offsets(kept)
+    total = int(kept_offsets[-1])
+    row_first = torch.repeat_interleave(first - kept_offsets[:-1], kept, output_size=total)
+    return row_first + torch.arange(total, device=lengths.device, dtype=lengths.dtype), kept
+
+
 def padded_to_jagged(padded: torch.Tensor, offsets: torch.Tensor, total: int | None) -> torch.Tensor:
     """[B, L, *inner] padded rows -> [N, *inner] jagged values (each row's first ``lengths[b]`` slots)."""
     B, L = padded.shape[:2]
