@@ -8,7 +8,8 @@ of ``../../2026-12-03-s17/compare.txt`` for 5e11) and the chosen cells' seeds (t
 from run folders (``NAME/result.json``), written to ``runs_s18.csv`` here. Per budget and family, the size
 with the lowest seed-0 validation NE at the budget's rate is chosen (the study's rule); its seeds' test NE
 (mean of pooled click and conversion NE on the test day's first 16,384 rows) make the point; then GEM minus
-each family (95 % Welch).
+each family (95 % Welch), raw calibration of the chosen cells' seeds run here, and the share of the
+DLRM -> oracle gap GEM closes (the oracle NE of session 17's study on the same stream and test slice).
 
     python compare_recent.py RUN_DIR [RUN_DIR ...] > compare_recent.txt
 """
@@ -31,6 +32,7 @@ here = Path(__file__).resolve().parent
 s17 = here.parents[1] / "2026-12-03-s17"
 
 # valid[(budget, family, size)] = seed-0 validation NE at the budget's rate; test[...] = {seed: test NE}
+oracle = json.loads((s17 / "ladder" / "isoflop.json").read_text())["oracle_ne"]  # the same stream and slice
 valid: dict[tuple[int, str, int], float] = {}
 test: dict[tuple[int, str, int], dict[int, float]] = {}
 with open(s17 / "ladder" / "isoflop_runs.csv") as fh:
@@ -81,11 +83,14 @@ with open(here / "runs_s18.csv", "w", newline="") as fh:
     w.writeheader()
     w.writerows(rows)
 
-for b, label in BUDGETS.items():
+def report(b: int, label: str, exclude: frozenset = frozenset()) -> None:
+    """One budget: each family's chosen size ((family, size) in ``exclude`` left out), its seeds, the
+    differences."""
     print(f"== {label}")
     chosen = {}
     for f in FAMILIES:
-        ranked = sorted((ne, s) for (bb, ff, s), ne in valid.items() if bb == b and ff == f)
+        ranked = sorted((ne, s) for (bb, ff, s), ne in valid.items()
+                        if bb == b and ff == f and (f, s) not in exclude)
         print(f"  seed-0 validation NE, {f} at {RATE[(b, f)]}: "
               + ", ".join(f"s{s} {ne:.4f}" for ne, s in ranked))
         chosen[f] = ranked[0][1]
@@ -96,9 +101,27 @@ for b, label in BUDGETS.items():
         mean, half = mean_ci(ne[f]) if len(ne[f]) > 1 else (ne[f][0], float("nan"))
         print(f"  {f}: s{chosen[f]} test NE {mean:.4f} ± {half:.4f} ({len(ne[f])} seeds: "
               + ", ".join(f"{x:.4f}" for x in ne[f]) + ")")
+    for f in FAMILIES:
+        cell = (b, f, chosen[f], RATE[(b, f)])
+        cal = [r for r in rows if (r["budget"], r["family"], r["size"], r["lr"]) == cell]
+        if cal:
+            pooled = [r[k] for r in cal for k in ("test_cal_all_click", "test_cal_all_conversion")]
+            lo, hi = min(r["test_cal_cells_min"] for r in cal), max(r["test_cal_cells_max"] for r in cal)
+            print(f"  {f} calibration (raw, {len(cal)} seeds): pooled {min(pooled):.2f}-{max(pooled):.2f}, "
+                  f"cells {lo:.2f}-{hi:.2f}")
+    dlrm, gem = sum(ne["dlrm"]) / len(ne["dlrm"]), sum(ne["gem"]) / len(ne["gem"])
+    print(f"  GEM closes {100 * (dlrm - gem) / (dlrm - oracle):.1f} % of the DLRM -> oracle gap "
+          f"({dlrm:.4f} -> {oracle:.4f})")
     for f in FAMILIES[1:]:
         if len(ne["gem"]) > 1 and len(ne[f]) > 1:
             d = welch_difference(ne["gem"], ne[f])
             lo, hi = d["ci95"]
             star = " *" if d["excludes_zero"] else ""
             print(f"  GEM minus {f}: {d['diff']:+.4f} [{lo:+.4f}, {hi:+.4f}]{star}")
+
+
+# at 5e11 these read some of the 2.1M training rows twice (ladder_recent_5e11.toml)
+MORE_THAN_ONE_PASS = frozenset({("dcnv2", 5), ("dcnv2", 6), ("dcnv2", 9), ("dlrm", 5), ("dlrm", 8)})
+for b, label in BUDGETS.items():
+    report(b, label)
+report(2, "5e11, one pass only (the sizes that read some rows twice left out)", MORE_THAN_ONE_PASS)
