@@ -29,7 +29,7 @@ def data(tmp_path_factory):
     return prepare_data(load_run_config(TINY).data, tmp_path_factory.mktemp("pipedata"))
 
 
-@pytest.mark.parametrize("model", ["gem", "dcnv2"])
+@pytest.mark.parametrize("model", ["gem", "dcnv2", "gem@recent"])
 def test_pipeline_trains_like_the_plain_loop(tmp_path, data, model, monkeypatch):
     """12 steps with evaluations at 5 and 10 in between: the same loss at every step, the same final
     evaluation and bitwise the same parameters; and the pooled tables really were prefetched."""
@@ -42,7 +42,9 @@ def test_pipeline_trains_like_the_plain_loop(tmp_path, data, model, monkeypatch)
         return more
 
     monkeypatch.setattr(SparseDistPipeline, "step", counting_step)
-    args = [*FAST, "train.steps=12", f"model.name={model}"]
+    name, _, recent = model.partition("@")  # @recent: the model reads each history's last 3 events
+    args = [*FAST, "train.steps=12", f"model.name={name}"]
+    args += ["model.embedding.seq_recent=3"] if recent else []
     plain = train(load_run_config(TINY, args), tmp_path / "plain", data)
     piped = train(load_run_config(TINY, args + PIPE), tmp_path / "piped", data)
     assert pipelined and min(pipelined) >= 1, pipelined  # the pooled table's lookup came prefetched

@@ -84,8 +84,8 @@ class EmbeddingConfig:
     # pad sequences to the schema's max_len instead of the batch's longest row (static shapes for compile)
     pad_to_max_len: bool = False
     # read only each sequence's N most recent events (0 = all of them): production rankers cut histories to
-    # their latest events, which predict best and which every sequence model pays for per event; a model
-    # size knob (GEM's sequence path and per-event projection scale with it; pooled baselines barely do)
+    # their latest events, which predict best and which every model pays for per event; a model size knob
+    # (every family's lookups and per-event projection scale with it, GEM's sequence path too)
     seq_recent: int = 0
     # table init: rows ~ U(-s, s) with s = init_scale / sqrt(dim) when > 0; 0 = TorchRec's default
     # U(+-sqrt(1 / rows)), which makes rows of a 1M-row table ~1000x smaller than those of a 10-row one, so
