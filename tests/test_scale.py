@@ -443,3 +443,12 @@ def test_welch_difference_of_two_families_frontier_seeds():
     assert abs(r["ci95"][0] - (2 - 4.303 * (1 / 3) ** 0.5)) < 1e-3 and not r["excludes_zero"]
     assert welch_difference([0.9], [0.8, 0.85])["ci95"][0] != welch_difference([0.9], [0.8, 0.85])["ci95"][0]
     assert welch_difference([], [0.8])["excludes_zero"] is False
+
+
+def test_format_difference_prints_the_interval_and_stars_what_excludes_zero():
+    from opengem.bench.isoflop_report import format_difference, welch_difference
+
+    excludes = welch_difference([0.80, 0.81, 0.79], [0.85, 0.86, 0.84])  # -0.05 +- 2.776 x 0.008165
+    assert format_difference(excludes) == "-0.0500 [-0.0727, -0.0273] *"
+    includes = welch_difference([1.0, 2.0, 3.0], [0.0, 0.0, 0.0])  # 2 +- 4.303 x 0.5774
+    assert format_difference(includes) == "+2.0000 [-0.4843, +4.4843]"

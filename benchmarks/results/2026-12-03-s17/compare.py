@@ -24,7 +24,7 @@ import numpy as np
 
 from opengem.bench.fit import mean_ci
 from opengem.bench.isoflop import selection_ne
-from opengem.bench.isoflop_report import format_laws, frontier_laws, welch_difference
+from opengem.bench.isoflop_report import format_difference, format_laws, frontier_laws, welch_difference
 from opengem.bench.scaling_plot import plot_isoflop
 
 FAMILIES = ("gem", "dcnv2", "dlrm")
@@ -99,10 +99,7 @@ for i, budget in enumerate(("5e10", "1.58e11", "5e11", "1.58e12")):
         a, b = points["gem"][i][1], points[fam][i][1]
         if len(a) < 2 or len(b) < 2:
             continue
-        w = welch_difference(a, b)
-        lo, hi = w["ci95"]
-        star = " *" if w["excludes_zero"] else ""
-        print(f"{budget}: GEM minus {fam} {w['diff']:+.4f} [{lo:+.4f}, {hi:+.4f}]{star}")
+        print(f"{budget}: GEM minus {fam} {format_difference(welch_difference(a, b))}")
 
 print()
 fits, table = frontier_laws(points, floor, "gem", 1000)

@@ -225,6 +225,13 @@ def welch_difference(a: list[float], b: list[float]) -> dict[str, Any]:
     return {"diff": diff, "ci95": [lo, hi], "excludes_zero": bool(lo > 0 or hi < 0)}
 
 
+def format_difference(w: dict[str, Any]) -> str:
+    """A :func:`welch_difference` as the follow-up scripts print it: ``-0.0081 [-0.0131, -0.0030] *`` (the
+    star when the interval excludes 0)."""
+    lo, hi = w["ci95"]
+    return f"{w['diff']:+.4f} [{lo:+.4f}, {hi:+.4f}]{' *' if w['excludes_zero'] else ''}"
+
+
 def _bootstrap_means(seeds_ne: dict[str, list[list[float]]], n: int, rng: np.random.Generator
                      ) -> list[dict[str, np.ndarray]]:
     """``n`` resamples: per family and budget, the mean of its seeds drawn with replacement."""

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from opengem.bench.fit import mean_ci
 from opengem.bench.isoflop import selection_ne
-from opengem.bench.isoflop_report import format_laws, frontier_laws, welch_difference
+from opengem.bench.isoflop_report import format_difference, format_laws, frontier_laws, welch_difference
 
 FAMILIES = ("gem", "dcnv2", "dlrm")
 study = json.loads((Path(__file__).resolve().parents[2] / "2026-12-02-s15" / "ladder" / "isoflop.json")
@@ -50,9 +50,7 @@ print()
 last = {f: p[-1][1] for f, p in points.items()}
 for fam in FAMILIES[1:]:
     w = welch_difference(last["gem"], last[fam])
-    star = " *" if w["excludes_zero"] else ""
-    lo, hi = w["ci95"]
-    print(f"GEM minus {fam} at the largest budget: {w['diff']:+.4f} [{lo:+.4f}, {hi:+.4f}]{star}")
+    print(f"GEM minus {fam} at the largest budget: {format_difference(w)}")
 
 print()
 print(format_laws(*frontier_laws(points, floor, "gem", 1000), "GEM", "1.58e12"))  # the study's bootstrap

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from opengem.bench.fit import mean_ci
 from opengem.bench.isoflop import selection_ne
-from opengem.bench.isoflop_report import welch_difference
+from opengem.bench.isoflop_report import format_difference, welch_difference
 
 runs, cells = Path(sys.argv[1]), sys.argv[2:]
 with open(Path(__file__).resolve().parents[2] / "2026-12-02-s15" / "ladder" / "isoflop_runs.csv") as fh:
@@ -29,6 +29,4 @@ for fam, v in ne.items():
     m, h = mean_ci(v)
     print(f"{fam}: {m:.4f} ± {h:.4f} (seeds {', '.join(f'{x:.4f}' for x in v)})")
 for fam in list(ne)[1:]:
-    w = welch_difference(ne["gem"], ne[fam])
-    lo, hi = w["ci95"]
-    print(f"GEM minus {fam}: {w['diff']:+.4f} [{lo:+.4f}, {hi:+.4f}]{' *' if w['excludes_zero'] else ''}")
+    print(f"GEM minus {fam}: {format_difference(welch_difference(ne['gem'], ne[fam]))}")

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from opengem.bench.fit import mean_ci
 from opengem.bench.isoflop import selection_ne
-from opengem.bench.isoflop_report import welch_difference
+from opengem.bench.isoflop_report import format_difference, welch_difference
 
 FAMILIES = ("gem", "dcnv2", "dlrm")
 BUDGETS = {0: "5e10", 1: "1.58e11", 2: "5e11"}
@@ -114,10 +114,7 @@ def report(b: int, label: str, exclude: frozenset = frozenset()) -> None:
           f"({dlrm:.4f} -> {oracle:.4f})")
     for f in FAMILIES[1:]:
         if len(ne["gem"]) > 1 and len(ne[f]) > 1:
-            d = welch_difference(ne["gem"], ne[f])
-            lo, hi = d["ci95"]
-            star = " *" if d["excludes_zero"] else ""
-            print(f"  GEM minus {f}: {d['diff']:+.4f} [{lo:+.4f}, {hi:+.4f}]{star}")
+            print(f"  GEM minus {f}: {format_difference(welch_difference(ne['gem'], ne[f]))}")
 
 
 # at 5e11 these read some of the 2.1M training rows twice (ladder_recent_5e11.toml)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from opengem.bench.fit import mean_ci
 from opengem.bench.isoflop import selection_ne
-from opengem.bench.isoflop_report import welch_difference
+from opengem.bench.isoflop_report import format_difference, welch_difference
 
 here = Path(__file__).resolve().parent
 for line in (here.parents[1] / "2026-12-03-s17" / "compare.txt").read_text().splitlines():
@@ -35,6 +35,4 @@ for fam, v in test.items():
         print(f"{fam}: test NE {mean:.4f} ± {half:.4f} ({len(v)} seeds)")
 for fam in ("dcnv2", "dlrm"):
     if len(test.get("gem", [])) > 1 and len(test.get(fam, [])) > 1:
-        w = welch_difference(test["gem"], test[fam])
-        lo, hi = w["ci95"]
-        print(f"GEM minus {fam}: {w['diff']:+.4f} [{lo:+.4f}, {hi:+.4f}]{' *' if w['excludes_zero'] else ''}")
+        print(f"GEM minus {fam}: {format_difference(welch_difference(test['gem'], test[fam]))}")
