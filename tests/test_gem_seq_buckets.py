@@ -404,3 +404,16 @@ def test_seq_recent_is_gem_on_the_cut_batch_and_counts_what_runs(gem, k):
         model.embedding.cfg.seq_recent = 0
         model.cfg.seq_buckets = 1
         use_kernel(model, model.cfg.kernel)
+
+
+@pytest.mark.parametrize("recent, levels", [(0, 1), (32, 1), (8, 0)])
+def test_pyramid_is_planned_on_the_events_gem_reads(recent, levels):
+    """With ``embedding.seq_recent`` the pyramid is planned on the cut length: a level that would not shrink
+    it is dropped, as on any short sequence (planned on the schema's 64, a level made 8 events 13+ tokens)."""
+    cfg = load_config(RunConfig, ROOT / "configs" / "small-d32.toml",
+                      ["model.embedding.d=8", f"model.embedding.seq_recent={recent}"])
+    model = build_model(sim_schema(from_dict(SimConfig, cfg.data.sim)), cfg.model)
+    width = sum(model.embedding.seq_len(g) for g in model.groups)
+    assert width == (recent or 64)
+    assert len(model.encoder.levels) == levels
+    assert model.encoder.out_len(width) <= width

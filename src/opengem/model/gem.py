@@ -136,7 +136,11 @@ class GEM(nn.Module):
         super().__init__()
         self.schema, self.cfg = schema, cfg
         self.groups = [g.name for g in schema.sequences] if cfg.use_sequences else []
-        max_len = sum(schema.sequence(g).max_len for g in self.groups)
+        # the merged sequence as forward reads it: with embedding.seq_recent each group is cut to its latest
+        # events first, so the pyramid is planned on that length and keeps only levels that shrink it (planned
+        # on the schema's length, a level would turn 8 events into 13 tokens)
+        max_len = sum(min(schema.sequence(g).max_len, emb.seq_recent or schema.sequence(g).max_len)
+                      for g in self.groups)
         check_sizes(cfg, emb.d, max_len if self.groups else None)
         self.embedding = FeatureEmbedding(schema, emb)
         n, d = self.embedding.num_tokens, self.embedding.d
