@@ -1,0 +1,157 @@
+"""Session 18's frontier (sessions 17-18's sizes at each budget's rate) against ladders with three more sizes
+below each family's edge, and with each chosen size's rate re-chosen on validation.
+
+Sessions 17-18's runs come from their committed outputs (session 17's read as
+``../../2026-12-03-s18/ladder/compare_recent.py`` reads them; session 18's from
+``../../2026-12-03-s18/ladder/runs_s18.csv``); session 19's from run folders
+(``NAME/result.json``), written to ``runs_s19.csv`` here. Per budget and family:
+
+1. the size with the lowest seed-0 validation NE at the budget's rate (as session 17 chose it) is chosen,
+   among all sizes (the study's rule; session 18's result when only its sizes are offered);
+2. that size at the grid's other two rates (seed 0): the (size, rate) with the lowest validation NE is the
+   cell, and its seeds' test NE make the point.
+
+Test NE = mean of pooled click and conversion NE on the test day's first 16,384 rows; GEM minus each family
+with a 95 % Welch interval; raw calibration of the chosen cells' seeds; the share of the DLRM -> oracle gap
+GEM closes (the oracle NE of session 17's study on the same stream and slice).
+
+    python compare_s19.py RUN_DIR [RUN_DIR ...] > compare_s19.txt
+"""
+import csv
+import json
+import re
+import sys
+from pathlib import Path
+
+from opengem.bench.fit import mean_ci
+from opengem.bench.isoflop import selection_ne
+from opengem.bench.isoflop_report import format_difference, welch_difference
+
+FAMILIES = ("gem", "dcnv2", "dlrm")
+BUDGETS = {0: "5e10", 1: "1.58e11", 2: "5e11"}
+GRID = (0.001, 0.003, 0.01)
+NAME = re.compile(r"(\w+)-s(\d+)-b(\d+)-lr([0-9.e-]+)-seed(\d+)$")
+here = Path(__file__).resolve().parent
+s18 = here.parents[1] / "2026-12-03-s18" / "ladder"
+
+# session 17's runs, read as session 18's compare_recent.py reads them (that script also rewrites
+# runs_s18.csv, so it is not run here): seed-0 validation NE per size at each budget's rate, the chosen
+# cells' seeds
+RATE = {(0, f): 0.01 for f in FAMILIES} | {(1, f): 0.003 for f in FAMILIES} | {
+    (2, "gem"): 0.01, (2, "dcnv2"): 0.003, (2, "dlrm"): 0.003}  # each budget's rate (session 17's)
+s17 = here.parents[1] / "2026-12-03-s17"
+oracle = json.loads((s17 / "ladder" / "isoflop.json").read_text())["oracle_ne"]
+valid17: dict[tuple[int, str, int], float] = {}
+test17: dict[tuple[int, str, int], dict[int, float]] = {}
+with open(s17 / "ladder" / "isoflop_runs.csv") as fh:
+    for r in csv.DictReader(fh):
+        b, f, s, seed = int(r["budget"]), r["family"], int(r["size"]), int(r["seed"])
+        if float(r["lr"]) != RATE[(b, f)]:
+            continue
+        if seed == 0:
+            valid17[(b, f, s)] = float(r["valid_ne"])
+        test17.setdefault((b, f, s), {})[seed] = float(r["test_ne"])
+for line in (s17 / "compare.txt").read_text().splitlines():  # "  b2 gem: s3@0.01 0.8137, s0@0.01 0.8139, ..."
+    m = re.match(r"\s+b2 (\w+): (s\d+@.*)$", line)
+    if m:
+        for cell in m[2].split(", "):
+            size, rate, v = re.match(r"s(\d+)@([0-9.]+) ([0-9.]+)", cell).groups()
+            if float(rate) == RATE[(2, m[1])]:
+                valid17[(2, m[1], int(size))] = float(v)
+for b, fname, sizes in ((1, "five_seeds_b1.txt", {"gem": 1, "dcnv2": 4, "dlrm": 0}),
+                        (2, "five_seeds_b2.txt", {"gem": 3, "dcnv2": 0, "dlrm": 4})):
+    for line in (s17 / "ladder" / fname).read_text().splitlines():
+        m = re.match(r"(\w+): .*\(seeds (.*)\)", line)
+        if m:
+            test17[(b, m[1], sizes[m[1]])] = {i: float(x) for i, x in enumerate(m[2].split(", "))}
+g = {"test": test17, "valid": valid17}
+# ne[(budget, family, size, rate)] = {seed: (valid NE, test NE)}; session 17's test-only seeds have valid None
+ne: dict[tuple[int, str, int, float], dict[int, tuple[float | None, float]]] = {}
+for (b, f, s), seeds in g["test"].items():
+    for seed, t in seeds.items():
+        v = g["valid"].get((b, f, s)) if seed == 0 else None
+        ne.setdefault((b, f, s, RATE[(b, f)]), {})[seed] = (v, t)
+for (b, f, s), v in g["valid"].items():  # session 17's 5e11 sizes have seed-0 validation NE only
+    cell = ne.setdefault((b, f, s, RATE[(b, f)]), {})
+    cell[0] = (v, cell[0][1] if 0 in cell else float("nan"))
+rows = []
+with open(s18 / "runs_s18.csv") as fh:
+    for r in csv.DictReader(fh):
+        rows.append({k: (float(v) if k.startswith(("valid", "test", "lr")) else v) for k, v in r.items()})
+for folder in sys.argv[1:]:
+    for d in sorted(Path(folder).iterdir()):
+        m = NAME.match(d.name)
+        if not m or not (d / "result.json").exists():
+            continue
+        r = json.loads((d / "result.json").read_text())
+        cal = {k: v["calibration"] for k, v in r["test"].items()}
+        rows.append({"name": d.name, "family": m[1], "size": m[2], "budget": m[3], "lr": float(m[4]),
+                     "seed": m[5], "flops_per_example": r["flops_per_example"], "examples": r["examples"],
+                     "train_seconds": round(r["train_seconds"], 1),
+                     "valid_ne": selection_ne(r["valid"], "tasks"),
+                     "test_ne": selection_ne(r["test"], "tasks"),
+                     "test_cal_all_click": cal["all/click"], "test_cal_all_conversion": cal["all/conversion"],
+                     "test_cal_cells_min": min(cal.values()), "test_cal_cells_max": max(cal.values()),
+                     "session": 19})
+for r in rows:
+    key = (int(r["budget"]), r["family"], int(r["size"]), float(r["lr"]))
+    ne.setdefault(key, {})[int(r["seed"])] = (r["valid_ne"], r["test_ne"])
+new = [r for r in rows if r.get("session") == 19]
+if new:
+    with open(here / "runs_s19.csv", "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(new[0]))
+        w.writeheader()
+        w.writerows(new)
+
+
+def seed0(key: tuple[int, str, int, float]) -> float | None:
+    v = ne.get(key, {}).get(0)
+    return v[0] if v and v[0] is not None else None
+
+
+def test_ne(key: tuple[int, str, int, float]) -> list[float]:
+    return [ne[key][s][1] for s in sorted(ne.get(key, {})) if ne[key][s][1] == ne[key][s][1]]
+
+
+def point(key: tuple[int, str, int, float]) -> str:
+    xs = test_ne(key)
+    if not xs:
+        return "no test NE"
+    mean, half = mean_ci(xs) if len(xs) > 1 else (xs[0], float("nan"))
+    return f"{mean:.4f} ± {half:.4f} ({len(xs)} seeds: " + ", ".join(f"{x:.4f}" for x in xs) + ")"
+
+
+def report(b: int, label: str) -> None:
+    print(f"== {label}")
+    cells = {}
+    for f in FAMILIES:
+        rate = RATE[(b, f)]
+        ranked = sorted((v, s) for (bb, ff, s, lr), _ in ne.items()
+                        if bb == b and ff == f and lr == rate and (v := seed0((bb, ff, s, lr))) is not None)
+        print(f"  seed-0 validation NE, {f} at {rate}: " + ", ".join(f"s{s} {v:.4f}" for v, s in ranked))
+        size = ranked[0][1]
+        rates = sorted((v, lr) for lr in GRID if (v := seed0((b, f, size, lr))) is not None)
+        by_rate = sorted(rates, key=lambda x: x[1])
+        print(f"  {f} s{size} at each rate: " + ", ".join(f"{lr:g} {v:.4f}" for v, lr in by_rate))
+        cells[f] = (b, f, size, rates[0][1])
+        print(f"  {f}: s{size} at {rates[0][1]:g}: test NE {point(cells[f])}")
+    for f in FAMILIES:
+        cal = [r for r in rows if (int(r["budget"]), r["family"], int(r["size"]), float(r["lr"])) == cells[f]]
+        if cal:
+            pooled = [float(r[k]) for r in cal for k in ("test_cal_all_click", "test_cal_all_conversion")]
+            lo = min(float(r["test_cal_cells_min"]) for r in cal)
+            hi = max(float(r["test_cal_cells_max"]) for r in cal)
+            print(f"  {f} calibration (raw, {len(cal)} seeds): pooled {min(pooled):.2f}-{max(pooled):.2f}, "
+                  f"cells {lo:.2f}-{hi:.2f}")
+    xs = {f: test_ne(cells[f]) for f in FAMILIES}
+    if xs["gem"] and xs["dlrm"]:
+        dlrm, gem = sum(xs["dlrm"]) / len(xs["dlrm"]), sum(xs["gem"]) / len(xs["gem"])
+        print(f"  GEM closes {100 * (dlrm - gem) / (dlrm - oracle):.1f} % of the DLRM -> oracle gap "
+              f"({dlrm:.4f} -> {oracle:.4f})")
+    for f in FAMILIES[1:]:
+        if len(xs["gem"]) > 1 and len(xs[f]) > 1:
+            print(f"  GEM minus {f}: {format_difference(welch_difference(xs['gem'], xs[f]))}")
+
+
+for b, label in BUDGETS.items():
+    report(b, label)
