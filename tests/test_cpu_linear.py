@@ -106,3 +106,39 @@ def test_fused_attention_kv_products_through_onednn_match_the_default():
         outs.append((out.detach(), qq.grad, kk.grad, m.kv.weight.grad))
     for a, b in zip(*outs):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
+
+
+@needs_onednn
+def test_a_run_decides_auto_once_and_its_resume_keeps_the_choice(monkeypatch, tmp_path):
+    """On a host where the probe's answer flips between processes, a resumed run keeps the kernel it
+    trained on (RUN/cpu_linear.json); a fresh run measures again and records its own."""
+    monkeypatch.setattr(cpu_linear, "onednn_speedup", lambda threads: 2.2)
+    assert cpu_linear.run_cpu_linear("auto", CPU, tmp_path, resume=False) == "onednn"
+    assert cpu_linear.recorded_kernel(tmp_path) == "onednn"
+    monkeypatch.setattr(cpu_linear, "onednn_speedup", lambda threads: 1.0)
+    assert cpu_linear.run_cpu_linear("auto", CPU, tmp_path, resume=True) == "onednn"
+    assert cpu_linear.run_cpu_linear("auto", CPU, tmp_path, resume=False) == "pytorch"
+    assert cpu_linear.recorded_kernel(tmp_path) == "pytorch"
+    monkeypatch.setattr(cpu_linear, "onednn_speedup", lambda threads: 2.2)
+    assert cpu_linear.run_cpu_linear("auto", CPU, tmp_path, resume=True) == "pytorch"
+
+
+@pytest.mark.parametrize("record", ['{"kernel": "mkl"}', "not json", "[1, 2]", ""])
+def test_an_unusable_record_is_measured_again(monkeypatch, tmp_path, record):
+    (tmp_path / cpu_linear.RECORD).write_text(record)
+    monkeypatch.setattr(cpu_linear, "onednn_speedup", lambda threads: 1.0)
+    assert cpu_linear.recorded_kernel(tmp_path) is None
+    assert cpu_linear.run_cpu_linear("auto", CPU, tmp_path, resume=True) == "pytorch"
+    assert cpu_linear.recorded_kernel(tmp_path) == "pytorch"
+
+
+def test_a_record_of_onednn_without_onednn_is_measured_again(monkeypatch, tmp_path):
+    (tmp_path / cpu_linear.RECORD).write_text('{"kernel": "onednn"}')
+    monkeypatch.setattr(onednn_linear, "available", lambda: False)
+    monkeypatch.setattr(cpu_linear, "onednn_speedup", lambda threads: 0.0)
+    assert cpu_linear.run_cpu_linear("auto", CPU, tmp_path, resume=True) == "pytorch"
+
+
+def test_an_explicit_choice_is_not_recorded(tmp_path):
+    assert cpu_linear.run_cpu_linear("pytorch", CPU, tmp_path, resume=False) == "pytorch"
+    assert not (tmp_path / cpu_linear.RECORD).exists()

@@ -40,6 +40,8 @@ def test_run_folder_complete(tiny_run):
     assert cfg.train.steps == 24
     assert summary["flops_per_example"] and summary["flops_per_example"] > 0
     assert summary["sparse_optimizer"] is not None  # DMP built a fused optimizer for the tables
+    # train.cpu_linear = auto: what the run decided, for --resume (train/cpu_linear.py)
+    assert json.loads((out / "cpu_linear.json").read_text())["kernel"] in ("pytorch", "onednn")
 
 
 def test_loss_decreases(tiny_run):

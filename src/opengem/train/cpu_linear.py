@@ -14,27 +14,39 @@ attribute, set here the same way.
 where it runs a training-sized product at least ``AUTO_MARGIN`` times as fast as PyTorch's default, so
 an Intel host whose MKL is as fast keeps PyTorch's path (and its exact numerics), and a host where the
 gap is 2x takes it. The choice is logged and returned in the run's parallelize info.
+
+A training run decides once (:func:`run_cpu_linear`): rank 0 measures, every rank takes its choice, and the
+choice is kept in ``RUN/cpu_linear.json`` for ``--resume``. Where the two libraries are close (AMD Zen 4:
+oneDNN 0.96-1.34x BLAS against the 1.3 margin) the probe's answer varies from process to process, and
+with it the numerics: without this a run's ranks, or a run and its resume, could train on different kernels.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import time
+from pathlib import Path
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from opengem.data.commit import atomic_write_text
 from opengem.ops.kernel import Kernel
 from opengem.ops.linear import kernel_for, linear
 from opengem.ops.onednn import onednn_linear
+from opengem.train import distributed
 from opengem.train.config import CPU_LINEAR_CHOICES
 
 log = logging.getLogger(__name__)
 
 AUTO_MARGIN = 1.3  # measured ratios: 2.1-2.3x on AMD Zen 5; the choice must not flip on noise
 PROBE_SHAPE = (512, 1024, 1024)  # rows, in, out: a GEM-small / DCNv2 MLP layer at batch 512
+RECORD = "cpu_linear.json"  # RUN/cpu_linear.json: the kernel ``auto`` chose for the run
+KERNELS = ("pytorch", "onednn")
 
 
 class OneDNNLinear(nn.Linear):
@@ -88,6 +100,36 @@ def resolve_cpu_linear(choice: str, device: torch.device) -> str:
     log.info("train.cpu_linear = auto: oneDNN runs a fp32 linear %.2fx as fast as PyTorch's BLAS here: %s",
              speedup, chosen)
     return chosen
+
+
+def recorded_kernel(run_dir: str | Path) -> str | None:
+    """The kernel ``RUN/cpu_linear.json`` records, None when there is none, it is unreadable, or it names
+    oneDNN and this torch has none (a run resumed on another build decides again)."""
+    try:
+        kernel = json.loads((Path(run_dir) / RECORD).read_text()).get("kernel")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if kernel not in KERNELS or (kernel == "onednn" and not onednn_linear.available()):
+        return None
+    return kernel
+
+
+def run_cpu_linear(choice: str, device: torch.device, run_dir: str | Path | None, resume: bool) -> str:
+    """The kernel of one training run: ``auto`` resolved once, by rank 0 (or taken from the run's record
+    when ``resume``), the same on every rank, and recorded in ``RUN/cpu_linear.json`` by rank 0."""
+    if choice != "auto" or device.type != "cpu":
+        return resolve_cpu_linear(choice, device)
+    kernel = recorded_kernel(run_dir) if resume and run_dir is not None else None
+    how = "recorded by the run"
+    if kernel is None:
+        kernel, how = resolve_cpu_linear("auto", device), "measured"
+    if distributed.world_size() > 1:  # rank 0's choice, so that no two ranks run different numerics
+        t = torch.tensor([KERNELS.index(kernel)], dtype=torch.int32)
+        dist.broadcast(t, src=0)
+        kernel = KERNELS[int(t.item())]
+    if run_dir is not None and distributed.is_main():
+        atomic_write_text(Path(run_dir) / RECORD, json.dumps({"kernel": kernel, "how": how}) + "\n")
+    return kernel
 
 
 def apply_cpu_linear(model: nn.Module, choice: str, device: torch.device) -> dict[str, object]:

@@ -36,6 +36,7 @@ import resource
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,7 @@ from opengem.train import distributed
 from opengem.train import run_dir as rundir
 from opengem.train.compile import compile_counters, prepare_compile
 from opengem.train.config import RunConfig
+from opengem.train.cpu_linear import run_cpu_linear
 from opengem.train.data import data_location, make_loader, prepare_data
 from opengem.train.early_stop import EarlyStopper
 from opengem.train.early_stop import score as early_stop_score
@@ -164,7 +166,10 @@ class Trainer:
         if t.init_output_bias and plain is None:  # a caller's own plain model keeps the init it was given
             with timer.phase("output_bias_init"):
                 plain = self._model_with_prior_bias()
-        self.parallel = build_run_model(self.schema, cfg, self.device, self.pg, timer, plain=plain,
+        # train.cpu_linear = auto: decided once for the run, kept across --resume; the model gets the kernel
+        kernel = run_cpu_linear(t.cpu_linear, self.device, self.run_dir, resume)
+        model_cfg = replace(cfg, train=replace(t, cpu_linear=kernel)) if kernel != t.cpu_linear else cfg
+        self.parallel = build_run_model(self.schema, model_cfg, self.device, self.pg, timer, plain=plain,
                                         lr_scale=lr_scale)
         self.model = self.parallel.model
         self.optimizers = build_optimizers(self.model, t, lr_scale)
