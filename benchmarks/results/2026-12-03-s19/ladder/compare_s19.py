@@ -134,7 +134,9 @@ def report(b: int, label: str) -> None:
         by_rate = sorted(rates, key=lambda x: x[1])
         print(f"  {f} s{size} at each rate: " + ", ".join(f"{lr:g} {v:.4f}" for v, lr in by_rate))
         cells[f] = (b, f, size, rates[0][1])
-        print(f"  {f}: s{size} at {rates[0][1]:g}: test NE {point(cells[f])}")
+        if rates[0][1] != rate:  # the re-chosen rate's cell first, then the budget rate's for reference
+            print(f"  {f}: s{size} at {rates[0][1]:g} (re-chosen): test NE {point(cells[f])}")
+        print(f"  {f}: s{size} at {rate:g}: test NE {point((b, f, size, rate))}")
     for f in FAMILIES:
         cal = [r for r in rows if (int(r["budget"]), r["family"], int(r["size"]), float(r["lr"])) == cells[f]]
         if cal:
