@@ -58,30 +58,33 @@ for b, fname, sizes in ((1, "five_seeds_b1.txt", {"gem": 1, "dcnv2": 4, "dlrm": 
             test[(b, m[1], sizes[m[1]])] = {i: float(x) for i, x in enumerate(m[2].split(", "))}
 
 rows = []
-for folder in sys.argv[1:]:
-    for d in sorted(Path(folder).iterdir()):
-        m = NAME.match(d.name)
-        if not m or not (d / "result.json").exists():
-            continue
-        r = json.loads((d / "result.json").read_text())
-        fam, size, b, lr, seed = m[1], int(m[2]), int(m[3]), float(m[4]), int(m[5])
-        cal = {k: v["calibration"] for k, v in r["test"].items()}
-        rows.append({"name": d.name, "family": fam, "size": size, "budget": b, "lr": lr, "seed": seed,
-                     "flops_per_example": r["flops_per_example"], "examples": r["examples"],
-                     "train_seconds": round(r["train_seconds"], 1),
-                     "valid_ne": selection_ne(r["valid"], "tasks"),
-                     "test_ne": selection_ne(r["test"], "tasks"),
-                     "test_cal_all_click": cal["all/click"], "test_cal_all_conversion": cal["all/conversion"],
-                     "test_cal_cells_min": min(cal.values()), "test_cal_cells_max": max(cal.values())})
-        if lr != RATE[(b, fam)]:
-            continue
-        if seed == 0:
-            valid[(b, fam, size)] = rows[-1]["valid_ne"]
-        test.setdefault((b, fam, size), {})[seed] = rows[-1]["test_ne"]
-with open(here / "runs_s18.csv", "w", newline="") as fh:
-    w = csv.DictWriter(fh, fieldnames=list(rows[0]))
-    w.writeheader()
-    w.writerows(rows)
+
+
+def run_row(d: Path) -> dict | None:
+    """One run folder NAME/result.json as a CSV row (None when it is not a finished study run)."""
+    m = NAME.match(d.name)
+    if not m or not (d / "result.json").exists():
+        return None
+    r = json.loads((d / "result.json").read_text())
+    cal = {k: v["calibration"] for k, v in r["test"].items()}
+    return {"name": d.name, "family": m[1], "size": int(m[2]), "budget": int(m[3]), "lr": float(m[4]),
+            "seed": int(m[5]), "flops_per_example": r["flops_per_example"], "examples": r["examples"],
+            "train_seconds": round(r["train_seconds"], 1),
+            "valid_ne": selection_ne(r["valid"], "tasks"),
+            "test_ne": selection_ne(r["test"], "tasks"),
+            "test_cal_all_click": cal["all/click"], "test_cal_all_conversion": cal["all/conversion"],
+            "test_cal_cells_min": min(cal.values()), "test_cal_cells_max": max(cal.values())}
+
+
+def print_gap_and_differences(ne: dict[str, list[float]], oracle: float) -> None:
+    """The share of the DLRM -> oracle gap GEM closes, and GEM minus each baseline (95 % Welch)."""
+    dlrm, gem = sum(ne["dlrm"]) / len(ne["dlrm"]), sum(ne["gem"]) / len(ne["gem"])
+    print(f"  GEM closes {100 * (dlrm - gem) / (dlrm - oracle):.1f} % of the DLRM -> oracle gap "
+          f"({dlrm:.4f} -> {oracle:.4f})")
+    for f in FAMILIES[1:]:
+        if len(ne["gem"]) > 1 and len(ne[f]) > 1:
+            print(f"  GEM minus {f}: {format_difference(welch_difference(ne['gem'], ne[f]))}")
+
 
 def report(b: int, label: str, exclude: frozenset = frozenset()) -> None:
     """One budget: each family's chosen size ((family, size) in ``exclude`` left out), its seeds, the
@@ -109,16 +112,36 @@ def report(b: int, label: str, exclude: frozenset = frozenset()) -> None:
             lo, hi = min(r["test_cal_cells_min"] for r in cal), max(r["test_cal_cells_max"] for r in cal)
             print(f"  {f} calibration (raw, {len(cal)} seeds): pooled {min(pooled):.2f}-{max(pooled):.2f}, "
                   f"cells {lo:.2f}-{hi:.2f}")
-    dlrm, gem = sum(ne["dlrm"]) / len(ne["dlrm"]), sum(ne["gem"]) / len(ne["gem"])
-    print(f"  GEM closes {100 * (dlrm - gem) / (dlrm - oracle):.1f} % of the DLRM -> oracle gap "
-          f"({dlrm:.4f} -> {oracle:.4f})")
-    for f in FAMILIES[1:]:
-        if len(ne["gem"]) > 1 and len(ne[f]) > 1:
-            print(f"  GEM minus {f}: {format_difference(welch_difference(ne['gem'], ne[f]))}")
+    print_gap_and_differences(ne, oracle)
 
 
 # at 5e11 these read some of the 2.1M training rows twice (ladder_recent_5e11.toml)
 MORE_THAN_ONE_PASS = frozenset({("dcnv2", 5), ("dcnv2", 6), ("dcnv2", 9), ("dlrm", 5), ("dlrm", 8)})
-for b, label in BUDGETS.items():
-    report(b, label)
-report(2, "5e11, one pass only (the sizes that read some rows twice left out)", MORE_THAN_ONE_PASS)
+
+
+def main() -> None:
+    """Read RUN_DIRs (argv), write runs_s18.csv, print every budget's report."""
+    for folder in sys.argv[1:]:
+        for d in sorted(Path(folder).iterdir()):
+            row = run_row(d)
+            if row is None:
+                continue
+            rows.append(row)
+            fam, size, b, lr, seed = row["family"], row["size"], row["budget"], row["lr"], row["seed"]
+            if lr != RATE[(b, fam)]:
+                continue
+            if seed == 0:
+                valid[(b, fam, size)] = rows[-1]["valid_ne"]
+            test.setdefault((b, fam, size), {})[seed] = rows[-1]["test_ne"]
+    with open(here / "runs_s18.csv", "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+
+    for b, label in BUDGETS.items():
+        report(b, label)
+    report(2, "5e11, one pass only (the sizes that read some rows twice left out)", MORE_THAN_ONE_PASS)
+
+
+if __name__ == "__main__":
+    main()

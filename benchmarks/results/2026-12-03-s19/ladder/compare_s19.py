@@ -1,8 +1,8 @@
 """Session 18's frontier (sessions 17-18's sizes at each budget's rate) against ladders with three more sizes
 below each family's edge, and with each chosen size's rate re-chosen on validation.
 
-Sessions 17-18's runs come from their committed outputs (session 17's read as
-``../../2026-12-03-s18/ladder/compare_recent.py`` reads them; session 18's from
+Sessions 17-18's runs come from their committed outputs (session 17's read by
+``../../2026-12-03-s18/ladder/compare_recent.py``, imported; session 18's from
 ``../../2026-12-03-s18/ladder/runs_s18.csv``); session 19's from run folders
 (``NAME/result.json``), written to ``runs_s19.csv`` here. Per budget and family:
 
@@ -18,14 +18,12 @@ GEM closes (the oracle NE of session 17's study on the same stream and slice).
     python compare_s19.py RUN_DIR [RUN_DIR ...] > compare_s19.txt
 """
 import csv
-import json
 import re
+import runpy
 import sys
 from pathlib import Path
 
 from opengem.bench.fit import mean_ci
-from opengem.bench.isoflop import selection_ne
-from opengem.bench.isoflop_report import format_difference, welch_difference
 
 FAMILIES = ("gem", "dcnv2", "dlrm")
 BUDGETS = {0: "5e10", 1: "1.58e11", 2: "5e11"}
@@ -34,37 +32,10 @@ NAME = re.compile(r"(\w+)-s(\d+)-b(\d+)-lr([0-9.e-]+)-seed(\d+)$")
 here = Path(__file__).resolve().parent
 s18 = here.parents[1] / "2026-12-03-s18" / "ladder"
 
-# session 17's runs, read as session 18's compare_recent.py reads them (that script also rewrites
-# runs_s18.csv, so it is not run here): seed-0 validation NE per size at each budget's rate, the chosen
-# cells' seeds
-RATE = {(0, f): 0.01 for f in FAMILIES} | {(1, f): 0.003 for f in FAMILIES} | {
-    (2, "gem"): 0.01, (2, "dcnv2"): 0.003, (2, "dlrm"): 0.003}  # each budget's rate (session 17's)
-s17 = here.parents[1] / "2026-12-03-s17"
-oracle = json.loads((s17 / "ladder" / "isoflop.json").read_text())["oracle_ne"]
-valid17: dict[tuple[int, str, int], float] = {}
-test17: dict[tuple[int, str, int], dict[int, float]] = {}
-with open(s17 / "ladder" / "isoflop_runs.csv") as fh:
-    for r in csv.DictReader(fh):
-        b, f, s, seed = int(r["budget"]), r["family"], int(r["size"]), int(r["seed"])
-        if float(r["lr"]) != RATE[(b, f)]:
-            continue
-        if seed == 0:
-            valid17[(b, f, s)] = float(r["valid_ne"])
-        test17.setdefault((b, f, s), {})[seed] = float(r["test_ne"])
-for line in (s17 / "compare.txt").read_text().splitlines():  # "  b2 gem: s3@0.01 0.8137, s0@0.01 0.8139, ..."
-    m = re.match(r"\s+b2 (\w+): (s\d+@.*)$", line)
-    if m:
-        for cell in m[2].split(", "):
-            size, rate, v = re.match(r"s(\d+)@([0-9.]+) ([0-9.]+)", cell).groups()
-            if float(rate) == RATE[(2, m[1])]:
-                valid17[(2, m[1], int(size))] = float(v)
-for b, fname, sizes in ((1, "five_seeds_b1.txt", {"gem": 1, "dcnv2": 4, "dlrm": 0}),
-                        (2, "five_seeds_b2.txt", {"gem": 3, "dcnv2": 0, "dlrm": 4})):
-    for line in (s17 / "ladder" / fname).read_text().splitlines():
-        m = re.match(r"(\w+): .*\(seeds (.*)\)", line)
-        if m:
-            test17[(b, m[1], sizes[m[1]])] = {i: float(x) for i, x in enumerate(m[2].split(", "))}
-g = {"test": test17, "valid": valid17}
+# session 17's runs as session 18's script reads them (importing it runs only its reading of session 17's
+# outputs: seed-0 validation NE per size at each budget's rate, the chosen cells' seeds, the oracle)
+g = runpy.run_path(str(s18 / "compare_recent.py"), run_name="compare_recent")
+RATE, oracle = g["RATE"], g["oracle"]
 # ne[(budget, family, size, rate)] = {seed: (valid NE, test NE)}; session 17's test-only seeds have valid None
 ne: dict[tuple[int, str, int, float], dict[int, tuple[float | None, float]]] = {}
 for (b, f, s), seeds in g["test"].items():
@@ -80,19 +51,8 @@ with open(s18 / "runs_s18.csv") as fh:
         rows.append({k: (float(v) if k.startswith(("valid", "test", "lr")) else v) for k, v in r.items()})
 for folder in sys.argv[1:]:
     for d in sorted(Path(folder).iterdir()):
-        m = NAME.match(d.name)
-        if not m or not (d / "result.json").exists():
-            continue
-        r = json.loads((d / "result.json").read_text())
-        cal = {k: v["calibration"] for k, v in r["test"].items()}
-        rows.append({"name": d.name, "family": m[1], "size": m[2], "budget": m[3], "lr": float(m[4]),
-                     "seed": m[5], "flops_per_example": r["flops_per_example"], "examples": r["examples"],
-                     "train_seconds": round(r["train_seconds"], 1),
-                     "valid_ne": selection_ne(r["valid"], "tasks"),
-                     "test_ne": selection_ne(r["test"], "tasks"),
-                     "test_cal_all_click": cal["all/click"], "test_cal_all_conversion": cal["all/conversion"],
-                     "test_cal_cells_min": min(cal.values()), "test_cal_cells_max": max(cal.values()),
-                     "session": 19})
+        if (row := g["run_row"](d)) is not None:
+            rows.append(row | {"session": 19})
 for r in rows:
     key = (int(r["budget"]), r["family"], int(r["size"]), float(r["lr"]))
     ne.setdefault(key, {})[int(r["seed"])] = (r["valid_ne"], r["test_ne"])
@@ -145,14 +105,7 @@ def report(b: int, label: str) -> None:
             hi = max(float(r["test_cal_cells_max"]) for r in cal)
             print(f"  {f} calibration (raw, {len(cal)} seeds): pooled {min(pooled):.2f}-{max(pooled):.2f}, "
                   f"cells {lo:.2f}-{hi:.2f}")
-    xs = {f: test_ne(cells[f]) for f in FAMILIES}
-    if xs["gem"] and xs["dlrm"]:
-        dlrm, gem = sum(xs["dlrm"]) / len(xs["dlrm"]), sum(xs["gem"]) / len(xs["gem"])
-        print(f"  GEM closes {100 * (dlrm - gem) / (dlrm - oracle):.1f} % of the DLRM -> oracle gap "
-              f"({dlrm:.4f} -> {oracle:.4f})")
-    for f in FAMILIES[1:]:
-        if len(xs["gem"]) > 1 and len(xs[f]) > 1:
-            print(f"  GEM minus {f}: {format_difference(welch_difference(xs['gem'], xs[f]))}")
+    g["print_gap_and_differences"]({f: test_ne(cells[f]) for f in FAMILIES}, oracle)
 
 
 for b, label in BUDGETS.items():
