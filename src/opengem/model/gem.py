@@ -73,8 +73,9 @@ class GEMConfig:
 
 
 def check_sizes(cfg: GEMConfig, d: int, seq_max_len: int | None) -> None:
-    """Every size knob GEM will use, checked before any block is built; a bad one is a ConfigError naming
-    its key (``gem.wukong.k``), where the block itself would fail on a shape or divide by zero.
+    """Every size knob GEM will use, checked before any of GEM's own blocks is built; a bad one is a
+    ConfigError naming its key (``gem.wukong.k``), where the block itself would fail on a shape or divide by
+    zero.
 
     ``d``: the token width (embedding.d); ``seq_max_len``: the merged sequence's length, None when GEM
     reads no sequence (then the [gem.interformer] and [gem.sequence] sizes are not used, and not checked).
@@ -136,13 +137,12 @@ class GEM(nn.Module):
         super().__init__()
         self.schema, self.cfg = schema, cfg
         self.groups = [g.name for g in schema.sequences] if cfg.use_sequences else []
-        # the merged sequence as forward reads it: with embedding.seq_recent each group is cut to its latest
-        # events first, so the pyramid is planned on that length and keeps only levels that shrink it (planned
-        # on the schema's length, a level would turn 8 events into 13 tokens)
-        max_len = sum(min(schema.sequence(g).max_len, emb.seq_recent or schema.sequence(g).max_len)
-                      for g in self.groups)
-        check_sizes(cfg, emb.d, max_len if self.groups else None)
         self.embedding = FeatureEmbedding(schema, emb)
+        # the merged sequence as forward reads it (embedding.seq_len: with embedding.seq_recent each group is
+        # cut to its latest events first), so the pyramid keeps only levels that shrink it (planned on the
+        # schema's length, a level would turn 8 events into 13 tokens)
+        max_len = sum(self.embedding.seq_len(g) for g in self.groups)
+        check_sizes(cfg, emb.d, max_len if self.groups else None)
         n, d = self.embedding.num_tokens, self.embedding.d
         if self.groups:
             self.group_type = nn.Parameter(torch.randn(len(self.groups), d) * 0.02)

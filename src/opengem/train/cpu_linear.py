@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 AUTO_MARGIN = 1.3  # measured ratios: 2.1-2.3x on AMD Zen 5; the choice must not flip on noise
 PROBE_SHAPE = (512, 1024, 1024)  # rows, in, out: a GEM-small / DCNv2 MLP layer at batch 512
 RECORD = "cpu_linear.json"  # RUN/cpu_linear.json: the kernel ``auto`` chose for the run
-KERNELS = ("pytorch", "onednn")
+KERNELS = tuple(c for c in CPU_LINEAR_CHOICES if c != "auto")  # what ``auto`` resolves to
 
 
 class OneDNNLinear(nn.Linear):
@@ -119,15 +119,19 @@ def run_cpu_linear(choice: str, device: torch.device, run_dir: str | Path | None
     when ``resume``), the same on every rank, and recorded in ``RUN/cpu_linear.json`` by rank 0."""
     if choice != "auto" or device.type != "cpu":
         return resolve_cpu_linear(choice, device)
-    kernel = recorded_kernel(run_dir) if resume and run_dir is not None else None
-    how = "recorded by the run"
-    if kernel is None:
-        kernel, how = resolve_cpu_linear("auto", device), "measured"
+    main = distributed.is_main()
+    kernel, how = KERNELS[0], "measured"  # the other ranks take rank 0's choice and measure nothing
+    if main:
+        recorded = recorded_kernel(run_dir) if resume and run_dir is not None else None
+        if recorded is not None:
+            kernel, how = recorded, "recorded by the run"
+        else:
+            kernel = resolve_cpu_linear("auto", device)
     if distributed.world_size() > 1:  # rank 0's choice, so that no two ranks run different numerics
         t = torch.tensor([KERNELS.index(kernel)], dtype=torch.int32)
         dist.broadcast(t, src=0)
         kernel = KERNELS[int(t.item())]
-    if run_dir is not None and distributed.is_main():
+    if run_dir is not None and main:
         atomic_write_text(Path(run_dir) / RECORD, json.dumps({"kernel": kernel, "how": how}) + "\n")
     return kernel
 

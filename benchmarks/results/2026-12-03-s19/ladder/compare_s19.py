@@ -18,7 +18,6 @@ GEM closes (the oracle NE of session 17's study on the same stream and slice).
     python compare_s19.py RUN_DIR [RUN_DIR ...] > compare_s19.txt
 """
 import csv
-import re
 import runpy
 import sys
 from pathlib import Path
@@ -28,7 +27,6 @@ from opengem.bench.fit import mean_ci
 FAMILIES = ("gem", "dcnv2", "dlrm")
 BUDGETS = {0: "5e10", 1: "1.58e11", 2: "5e11"}
 GRID = (0.001, 0.003, 0.01)
-NAME = re.compile(r"(\w+)-s(\d+)-b(\d+)-lr([0-9.e-]+)-seed(\d+)$")
 here = Path(__file__).resolve().parent
 s18 = here.parents[1] / "2026-12-03-s18" / "ladder"
 
