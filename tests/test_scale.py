@@ -354,6 +354,40 @@ def test_isoflop_learning_rate_chosen_on_several_seeds(tmp_path):
         load_isoflop_config(ISO_SMALL, ["lr_seeds=0"])
 
 
+def test_isoflop_size_chosen_on_several_seeds(tmp_path):
+    """size_seeds = 2: the two sizes with the lowest seed-0 validation NE run seed 1 too, and the lowest mean
+    over seeds 0-1 is the budget's size (session 19: a 0.0008 seed-0 difference chose between two sizes whose
+    test NE differed by 0.0095)."""
+    import csv
+
+    from opengem.bench.isoflop import load_isoflop_config, run_study
+    from opengem.bench.isoflop_report import format_study
+
+    cfg = load_isoflop_config(ISO_SMALL, ["budgets=[1.0e8, 4.0e8]", "seeds=1", "lr_grid=[]", "lr_check=false",
+                                          "size_seeds=2", "size_finalists=2", "bootstrap=5", "min_steps=1"],
+                              ["dlrm"])
+    cfg.families[0].sizes = cfg.families[0].sizes[:3]
+    res = run_study(cfg, tmp_path, run_overrides=["data.sim.rows=8000", "data.eval_batch_size=4096"],
+                    log=lambda m: None)
+    with open(tmp_path / "isoflop_runs.csv") as f:
+        rows = list(csv.DictReader(f))
+    for b in range(2):
+        at = [r for r in rows if int(r["budget"]) == b]
+        seed0 = sorted((float(r["valid_ne"]), int(r["size"])) for r in at if r["seed"] == "0")
+        finalists = {size for _, size in seed0[:2]}
+        assert {int(r["size"]) for r in at if r["seed"] == "1"} == finalists  # only the finalists ran seed 1
+        mean = {s: np.mean([float(r["valid_ne"]) for r in at if int(r["size"]) == s]) for s in finalists}
+        scores = res["size"]["scores"]["dlrm"][b]
+        assert {int(k): v for k, v in scores.items()} == pytest.approx(mean)
+        chosen = min(mean, key=mean.get)
+        assert res["frontier"]["dlrm"][b]["size"] == chosen and res["frontier"]["dlrm"][b]["seeds"] == 2
+    assert res["runs_trained_now"] == 2 * 3 + 2 * 2  # every size at seed 0, the finalists at seed 1
+    assert "lowest mean validation NE over seeds 0-1" in res["size"]["rule"]
+    assert "budget 1: s" in format_study(res)
+    with pytest.raises(ConfigError, match="size_seeds"):
+        load_isoflop_config(ISO_SMALL, ["size_seeds=0"])
+
+
 def test_isoflop_runs_calibrated_on_validation(tmp_path):
     """calibrate = platt: each run's calibration is fitted on its validation rows, test is scored through it
     (the raw test metrics kept beside), and RUN/calibration.json makes `opengem evaluate` score the same."""

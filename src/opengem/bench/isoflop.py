@@ -17,7 +17,11 @@ Steps, in order (each run's result is OUT/runs/<name>/result.json; a killed stud
    (session 12 measured the smallest budget's choice under-tuning DCNv2 at the two largest budgets by up to
    0.016 NE).
 2. every (budget, family, size) at the family's rate, seed 0;
-3. the best size per (budget, family) by validation NE, rerun with seeds 1 .. seeds-1.
+3. the best size per (budget, family) by validation NE, rerun with seeds 1 .. seeds-1. With
+   ``size_seeds`` > 1 the ``size_finalists`` sizes with the lowest seed-0 validation NE first run seeds
+   1 .. size_seeds-1 and the lowest mean validation NE over seeds 0 .. size_seeds-1 is the budget's size
+   (session 19: a 0.0008 seed-0 difference chose between two sizes whose five-seed validation means tied and
+   whose test NE differed by 0.0095).
 The summary (bench/isoflop_report.py) turns the runs into the frontier, fitted laws, efficiency ratios.
 """
 
@@ -60,6 +64,10 @@ class IsoflopConfig:
     # seeds 0 .. lr_seeds-1 of every rate of the grid; the rate with the lowest mean validation NE wins.
     # Session 13: one seed's validation NE chose a rate that tested worse over 9 seeds in 2 of 8 cells.
     lr_seeds: int = 1
+    # seeds 0 .. size_seeds-1 at each of the size_finalists sizes with the lowest seed-0 validation NE; the
+    # lowest mean validation NE over them is each budget's size. 1 = seed 0 alone chooses (the original rule)
+    size_seeds: int = 1
+    size_finalists: int = 3
     metric: str = "tasks"  # tasks: mean over tasks of the all-surface NE | surface_task | one key
     reference: str = "gem"  # the family whose frontier the others' compute is measured against
     bootstrap: int = 1000  # resamples of seeds for the efficiency ratio's interval
@@ -125,6 +133,8 @@ def validate_isoflop(cfg: IsoflopConfig, where: str = "isoflop") -> None:
         need(cfg.lr_size < n, f"lr_size = {cfg.lr_size} but family {f.name!r} has {n} sizes")
     need(cfg.seeds >= 1, f"seeds must be >= 1 (got {cfg.seeds})")
     need(cfg.lr_seeds >= 1, f"lr_seeds must be >= 1 (got {cfg.lr_seeds})")
+    need(cfg.size_seeds >= 1 and cfg.size_finalists >= 1,
+         f"size_seeds and size_finalists must be >= 1 (got {cfg.size_seeds}, {cfg.size_finalists})")
     need(all(lr > 0 for lr in cfg.lr_grid), f"lr_grid values must be > 0 (got {cfg.lr_grid})")
     need(cfg.lr_size >= 0, f"lr_size must be >= 0 (got {cfg.lr_size})")
     need(cfg.lr_budgets in ("smallest", "each"),
@@ -184,15 +194,18 @@ def plan_grid(budgets: list[float], fwd_flops: dict[str, list[int]], batch_size:
     return plan
 
 
-def format_plan(plan: list[PlannedRun], lrs: int, seeds: int) -> str:
-    """The grid as a table, plus the run count of the whole study (grid + lr grid + extra seeds)."""
+def format_plan(plan: list[PlannedRun], lrs: int, seeds: int, size_seeds: int = 1, size_finalists: int = 1
+                ) -> str:
+    """The grid as a table, plus the run count of the whole study (grid + lr grid + the size choice's seeds +
+    extra seeds)."""
     lines = [f"{'family':<8}{'size':>5}{'C':>10}{'MFLOP/ex':>10}{'steps':>8}{'rows':>10}{'epochs':>8}"]
     for r in plan:
         lines.append(f"{r.family:<8}{r.size:>5}{r.flops_budget:>10.3g}{r.fwd_flops / 1e6:>10.3f}"
                      f"{r.steps:>8d}{r.examples:>10d}{r.epochs:>8.3f}")
     fams = sorted({r.family for r in plan})
     budgets = len({r.budget for r in plan})
-    n = len(plan) + len(fams) * (max(lrs - 1, 0) + budgets * (seeds - 1))
+    choice = (min(size_finalists, len(plan)) - 1) * (size_seeds - 1) + max(size_seeds - seeds, 0)
+    n = len(plan) + len(fams) * (max(lrs - 1, 0) + budgets * (seeds - 1 + choice))
     lines.append(f"{len(plan)} grid runs; with the lr grid and the extra seeds about {n} runs "
                  f"(+ up to {2 * len(fams)} lr-transfer checks)")
     return "\n".join(lines)
@@ -379,7 +392,8 @@ def run_study(cfg: IsoflopConfig, out: str | Path, data_dir: str | Path | None =
     plan = plan_grid(cfg.budgets, st.fwd, batch, st.train_rows, cfg.min_steps, cfg.max_epochs)
     if plan_only:
         return {"plan": [asdict(p) for p in plan], "train_rows": st.train_rows, "batch_size": batch,
-                "plan_text": format_plan(plan, len(cfg.lr_grid), cfg.seeds)}
+                "plan_text": format_plan(plan, len(cfg.lr_grid), cfg.seeds, cfg.size_seeds,
+                                                 cfg.size_finalists)}
     fams = {f.name: f for f in cfg.families}
     cell = {(p.family, p.size, p.budget): p for p in plan}
     records: list[dict[str, Any]] = []
@@ -430,14 +444,22 @@ def run_study(cfg: IsoflopConfig, out: str | Path, data_dir: str | Path | None =
         for fam in fams:
             for i in range(len(st.sizes[fam])):
                 run(fam, i, b, lr_choice[fam][b], 0, "grid")
-    # 3. extra seeds at each budget's best size (chosen on validation)
+    # 3. each budget's size, chosen on validation (seed 0, or the finalists' mean over size_seeds seeds),
+    # then extra seeds there
     best: dict[str, list[int]] = {}
+    size_choice: dict[str, list[dict[str, float]]] = {}
     for fam in fams:
-        best[fam] = []
+        best[fam], size_choice[fam] = [], []
         for b in range(len(cfg.budgets)):
             pts = [r for r in records if r["family"] == fam and r["budget"] == b and r["seed"] == 0
                    and r["lr"] == lr_choice[fam][b]]
-            best[fam].append(min(pts, key=lambda r: _nan_last(r["valid_ne"]))["size"])
+            pts.sort(key=lambda r: _nan_last(r["valid_ne"]))
+            finalists = [r["size"] for r in pts[:cfg.size_finalists if cfg.size_seeds > 1 else 1]]
+            lr = lr_choice[fam][b]
+            scores = {size: float(np.mean([run(fam, size, b, lr, seed, "size-choice")["valid_ne"]
+                                           for seed in range(cfg.size_seeds)])) for size in finalists}
+            best[fam].append(min(finalists, key=lambda size: _nan_last(scores[size])))
+            size_choice[fam].append({str(size): v for size, v in scores.items()})
             for seed in range(1, cfg.seeds):
                 run(fam, best[fam][b], b, lr_choice[fam][b], seed, "frontier")
     # 4. does the rate transfer? its grid neighbours at the largest budget's best size
@@ -451,7 +473,7 @@ def run_study(cfg: IsoflopConfig, out: str | Path, data_dir: str | Path | None =
             for lr in grid_s[max(j - 1, 0):j + 2]:
                 check[format(lr, "g")] = run(fam, best[fam][last], last, lr, 0, "lr-check")["valid_ne"]
             lr_check[fam] = check
-    result = summarize_study(cfg, st, records, lr_choice, lr_grid_res, lr_check, best, plan)
+    result = summarize_study(cfg, st, records, lr_choice, lr_grid_res, lr_check, best, plan, size_choice)
     result["elapsed_s"] = time.perf_counter() - t_start
     result["runs_trained_now"] = counter[0]
     write_study_outputs(out, records, result)

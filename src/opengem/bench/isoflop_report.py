@@ -64,7 +64,8 @@ def efficiency_ratio(base: PowerLaw | None, target_ne: float, c: float) -> float
 
 def summarize_study(cfg: Any, st: Any, records: list[dict[str, Any]], lr_choice: dict[str, list[Any]],
                     lr_grid: dict[str, list[dict[str, float]]], lr_check: dict[str, dict[str, float]],
-                    best: dict[str, list[int]], plan: list[Any]) -> dict[str, Any]:
+                    best: dict[str, list[int]], plan: list[Any],
+                    size_choice: dict[str, list[dict[str, float]]] | None = None) -> dict[str, Any]:
     from opengem.bench.size_ladder import oracle_with_totals
     from opengem.data.dataset import Dataset
 
@@ -124,8 +125,15 @@ def summarize_study(cfg: Any, st: Any, records: list[dict[str, Any]], lr_choice:
             "validation NE; each budget's rate at every size of the family there" if each else
             f"grid {cfg.lr_grid} at the smallest budget on ladder rung {cfg.lr_size}, {seeds}, "
             "lowest mean validation NE; reused at every budget and size of the family")
+    size_seeds = getattr(cfg, "size_seeds", 1)
+    size_rule = ("lowest seed-0 validation NE at each budget's rate" if size_seeds == 1 else
+                 f"the {cfg.size_finalists} sizes with the lowest seed-0 validation NE at each budget's "
+                 f"rate, then the lowest mean validation NE over seeds 0-{size_seeds - 1}")
     return {
-        "metric": cfg.metric, "metric_keys": mk, "oracle_ne": floor, "oracle_per_key": oracle_keys,
+        "metric": cfg.metric, "metric_keys": mk,
+        # per family, per budget: {size: its mean validation NE over the seeds that chose it}
+        "size": {"rule": size_rule, "scores": size_choice or {}},
+        "oracle_ne": floor, "oracle_per_key": oracle_keys,
         "calibrate": cfg.calibrate,  # none, or how each run's test was calibrated on its validation rows
         "budgets": list(cfg.budgets), "splits": {"train": st.train_spec, "valid": st.valid_spec,
                                                  "test": st.test_spec}, "train_rows": st.train_rows,
@@ -300,6 +308,13 @@ def format_study(res: dict[str, Any]) -> str:
         for b, g in enumerate(grids[1:] if isinstance(grids, list) else [], start=1):
             lines.append(f"  {'':<7} budget {b}: chose {res['lr']['chosen'][fam][b]}; "
                          + ", ".join(f"{k}: {_fmt(v, '.5f')}" for k, v in g.items()))
+    if "size" in res:  # studies written before the size rule was recorded lack it
+        lines.append(f"size: {res['size']['rule']}")
+        for fam, per_budget in res["size"]["scores"].items():
+            for b, scores in enumerate(per_budget):
+                if len(scores) > 1:
+                    lines.append(f"  {fam:<7} budget {b}: " + ", ".join(
+                        f"s{k} {_fmt(v, '.5f')}" for k, v in sorted(scores.items(), key=lambda kv: kv[1])))
     tasks = [k for k in res["oracle_per_key"] if k.startswith("all/")] or \
         sorted({k for fr in res["frontier"].values() for p in fr for k in p["calibration"]["pooled"]})
     head = (f"{'family':<7}{'C':>9}{'size':>5}{'MFLOP/ex':>9}{'rows':>9}{'NE':>9}{'+-95%':>8}{'n':>3}"
