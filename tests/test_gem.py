@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from opengem.config import ConfigError
 from opengem.data.batch import Batch, SequenceBatch
 from opengem.data.random_batch import random_batch
 from opengem.data.schema import FeatureSchema
@@ -86,6 +87,9 @@ def test_merge_sequences_concatenates_groups_per_row():
         ("pyramid active", _small(sequence=SequenceEncoderConfig(window=2, pool_tokens=2, chunk=4)), False),
         ("full attention, two groups", _small(sequence=SequenceEncoderConfig(kind="full")), True),
         ("wukong", GEMConfig(wukong=WukongConfig(), use_sequences=False), False),
+        ("cross branch, full rank", _small(cross_layers=2), False),
+        ("cross branch, low rank, no sequences", GEMConfig(use_sequences=False, cross_layers=1, cross_rank=4),
+         False),
     ],
 )
 def test_flops_match_counter(name, cfg, extra_group):
@@ -97,6 +101,31 @@ def test_flops_match_counter(name, cfg, extra_group):
     measured = measured_flops(model, batch)
     analytic = model.flops_per_example()
     assert abs(analytic - measured) / measured < 0.10, f"{name}: analytic {analytic} vs measured {measured}"
+
+
+@pytest.mark.parametrize("no_sequences", [False, True])
+def test_cross_branch_feeds_the_head(no_sequences):
+    """gem.cross_layers: DCNv2 cross layers on the flattened feature tokens, beside the trunk's output in the
+    head's input; every parameter trains, and the head's input grows by the tokens' width."""
+    schema = _schema(no_sequences=no_sequences)
+    plain = GEM(schema, EmbeddingConfig(d=16), HeadConfig(hidden=[32]), _small())
+    model = GEM(schema, EmbeddingConfig(d=16), HeadConfig(hidden=[32]), _small(cross_layers=2, cross_rank=3))
+    n = model.embedding.num_tokens * 16
+    assert len(model.cross) == 2 and model.cross[0].dim == n and model.cross[0].rank == 3
+    assert model.head.in_dim == plain.head.in_dim + n
+    batch = random_batch(schema, 5)
+    out = model(batch)
+    masked_bce(out.logits, batch.labels, batch.label_mask).backward()
+    assert all(p.grad is not None for p in model.cross.parameters())
+    with torch.no_grad():  # the branch is live: scaling its parameters changes the logits
+        before = model(batch).logits
+        for p in model.cross.parameters():
+            p.mul_(3.0)
+        assert not torch.allclose(before, model(batch).logits)
+    with pytest.raises(ConfigError, match="gem.cross_layers"):
+        GEM(schema, EmbeddingConfig(d=16), HeadConfig(), _small(cross_layers=-1))
+    with pytest.raises(ConfigError, match="gem.cross_rank"):
+        GEM(schema, EmbeddingConfig(d=16), HeadConfig(), _small(cross_layers=1, cross_rank=-2))
 
 
 @pytest.fixture

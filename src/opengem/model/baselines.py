@@ -38,6 +38,7 @@ from torch import nn
 from opengem.config import ConfigError
 from opengem.data.batch import Batch
 from opengem.data.schema import FeatureSchema
+from opengem.model.cross import CrossLayer
 from opengem.model.embedding import (
     EmbeddedFeatures,
     EmbeddingConfig,
@@ -47,7 +48,7 @@ from opengem.model.embedding import (
     check_widths,
     masked_mean,
 )
-from opengem.model.flops import linear_flops, mlp_flops
+from opengem.model.flops import mlp_flops
 from opengem.model.heads import HeadConfig, MultiSurfaceHead, context_columns, head_context, mlp
 from opengem.model.output import ModelOutput
 from opengem.ops.cpu_autocast import to_cpu_autocast_dtype
@@ -164,26 +165,6 @@ class DLRM(_Baseline):
 
 
 # ---------------------------------------------------------------------------------------------- DCNv2
-class CrossLayer(nn.Module):
-    """x_{l+1} = x0 ⊙ (W x_l + b) + x_l, with W full-rank or U Vᵀ of rank ``rank``."""
-
-    def __init__(self, dim: int, rank: int = 0) -> None:
-        super().__init__()
-        self.dim, self.rank = dim, rank
-        if rank:
-            self.v = nn.Linear(dim, rank, bias=False)
-            self.u = nn.Linear(rank, dim)
-        else:
-            self.w = nn.Linear(dim, dim)
-
-    def forward(self, x0: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        wx = self.u(self.v(x)) if self.rank else self.w(x)
-        return x0 * wx + x
-
-    def flops_per_example(self) -> int:
-        return 2 * linear_flops(self.dim, self.rank) if self.rank else linear_flops(self.dim, self.dim)
-
-
 class DCNv2(_Baseline):
     def __init__(
         self, schema: FeatureSchema, emb: EmbeddingConfig, head: HeadConfig, cfg: DCNv2Config

@@ -33,6 +33,7 @@ from torch import nn
 from opengem.config import ConfigError
 from opengem.data.batch import Batch
 from opengem.data.schema import FeatureSchema
+from opengem.model.cross import CrossLayer
 from opengem.model.embedding import (
     EmbeddedFeatures,
     EmbeddingConfig,
@@ -70,6 +71,14 @@ class GEMConfig:
     # the sequence path on this many buckets of rows of similar history length, each padded to its own
     # longest row, not the batch's (exact; see the module docstring); 1 = the whole batch as one
     seq_buckets: int = 1
+    # OURS, not in the published GEM (off in every recipe): DCNv2 cross layers on the flattened non-sequence
+    # tokens, their output beside the InterFormer's (or the Wukong stack's) in the head's input, as DCNv2's
+    # parallel form. Wukong crosses fields through dot products of whole embeddings, so a cross whose
+    # latent dimensions weigh differently per surface reaches the head only through its width; an
+    # element-wise product keeps each dimension (session 20: GEM missed more of the simulator's feature
+    # crosses than DCNv2, benchmarks/missed_signals.py). 0 = none; cross_rank 0 = full-rank W, r = U Vᵀ.
+    cross_layers: int = 0
+    cross_rank: int = 0
 
 
 def check_sizes(cfg: GEMConfig, d: int, seq_max_len: int | None) -> None:
@@ -83,6 +92,8 @@ def check_sizes(cfg: GEMConfig, d: int, seq_max_len: int | None) -> None:
     w, f, s = cfg.wukong, cfg.interformer, cfg.sequence
     check_choice("gem.kernel", cfg.kernel, tuple(k.value for k in WITH_FUSED_AND_TRITON))
     check_at_least("gem.seq_buckets", cfg.seq_buckets, 1)
+    check_at_least("gem.cross_layers", cfg.cross_layers, 0)
+    check_at_least("gem.cross_rank", cfg.cross_rank, 0)
     if seq_max_len is None:
         layers_key, layers = "gem.wukong.num_layers", w.num_layers
     else:
@@ -152,6 +163,8 @@ class GEM(nn.Module):
         else:
             self.wukong = WukongStack(n, d, cfg.wukong)
             head_in = self.wukong.out_tokens * d
+        self.cross = nn.ModuleList([CrossLayer(n * d, cfg.cross_rank) for _ in range(cfg.cross_layers)])
+        head_in += n * d if cfg.cross_layers else 0
         # public: the dense columns the head's context term reads (vertical models rebuild its input)
         self.head_context_columns = columns = context_columns(schema, head.context)
         self.head = MultiSurfaceHead(head_in, len(schema.surfaces), len(schema.tasks), head,
@@ -172,6 +185,11 @@ class GEM(nn.Module):
         else:
             x = self.wukong(e.tokens)
             h, user = x.flatten(1), x.mean(dim=1)
+        if len(self.cross):
+            x0 = x = e.tokens.flatten(1)
+            for layer in self.cross:
+                x = layer(x0, x)
+            h = torch.cat([h, x], dim=1)
         logits, trunk = self.head(h, batch.surface, head_context(e.dense, self.head_context_columns))
         return ModelOutput(logits=logits, trunk=trunk, extras={"user": user, "ad": e.target, "trunk": trunk})
 
@@ -214,12 +232,16 @@ class GEM(nn.Module):
 
     def flops_per_example(self, seq_len: int | None = None) -> int:
         """Analytic forward FLOPs per example, every sequence full (``seq_len`` capped per group)."""
-        total = self.embedding.flops_per_example(seq_len) + self.head.flops_per_example()
+        total = self.embedding.flops_per_example(seq_len) + self.head.flops_per_example() + self.cross_flops()
         if self.groups:
             total += self.sequence_path_flops(sum(self.embedding.seq_len(g, seq_len) for g in self.groups))
         else:
             total += self.wukong.flops()
         return total
+
+    def cross_flops(self) -> int:
+        """The optional cross branch per row (its matrix products, as DCNv2 counts its own)."""
+        return sum(c.flops_per_example() for c in self.cross)
 
     def sequence_path_flops(self, width: int) -> int:
         """Forward FLOPs per row of the sequence path (encoder + InterFormer) at merged padded ``width``."""
@@ -234,7 +256,7 @@ class GEM(nn.Module):
         B = batch.batch_size
         if not self.groups:
             return self.flops_per_example() * B
-        total = (self.embedding.flops_per_example(0) + self.head.flops_per_example()) * B
+        total = (self.embedding.flops_per_example(0) + self.head.flops_per_example() + self.cross_flops()) * B
         lengths = []
         for g in self.groups:
             n = batch.sequences[g].lengths.detach().to("cpu", torch.long)
