@@ -1,0 +1,104 @@
+"""GEM with the cross branch (ladder_s20_cross.toml's s15-s17: session 19's s13 plus ``gem.cross_layers``)
+against session 19's frontier, on the same stream, budgets, rates and rule.
+
+Per budget: GEM's size is the one with the lowest seed-0 validation NE on the study's 16,384 rows at the
+budget's rate, among session 19's sizes AND s15-s17 (the study's rule, with the new sizes offered); DCNv2's
+and DLRM's cells are session 19's (its rule, with its rate re-check). Test NE = mean of pooled click and
+conversion NE; first on the study's 16,384 test rows, then on the whole test day (``whole_days.py``'s
+scores; validation likewise on the whole day 6). GEM minus each baseline with a 95 % Welch interval.
+
+    python compare_cross.py WHOLE_DIR [WHOLE_DIR ...] -- RUN_DIR [RUN_DIR ...] > compare_cross.txt
+"""
+import contextlib
+import csv
+import io
+import json
+import runpy
+import sys
+from pathlib import Path
+
+from opengem.bench.fit import mean_ci
+from opengem.bench.isoflop_report import format_difference, welch_difference
+
+here = Path(__file__).resolve().parent
+s19 = here.parents[1] / "2026-12-03-s19" / "ladder"
+split = sys.argv.index("--")
+whole_dirs, run_dirs = [Path(p) for p in sys.argv[1:split]], [Path(p) for p in sys.argv[split + 1:]]
+argv, sys.argv = sys.argv, [str(s19 / "compare_s19.py")]
+with contextlib.redirect_stdout(io.StringIO()):  # its report is compare_s19.txt; only its tables are wanted
+    g = runpy.run_path(str(s19 / "compare_s19.py"), run_name="compare_s19")
+sys.argv = argv
+ne, RATE, BUDGETS, GRID = g["ne"], g["RATE"], g["BUDGETS"], g["GRID"]
+run_row = g["g"]["run_row"]
+NEW = (15, 16, 17)
+
+
+def add(r: dict) -> None:
+    key = (int(r["budget"]), r["family"], int(r["size"]), float(r["lr"]))
+    ne.setdefault(key, {})[int(r["seed"])] = (float(r["valid_ne"]), float(r["test_ne"]))
+
+
+with open(s19 / "runs_s19.csv") as fh:
+    for r in csv.DictReader(fh):
+        add(r)
+new = []
+for folder in run_dirs:
+    for d in sorted(folder.iterdir()):
+        if (row := run_row(d)) is not None:
+            new.append(row)
+            add(row)
+if new:
+    with open(here / "runs_cross.csv", "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(new[0]))
+        w.writeheader()
+        w.writerows(new)
+whole = {p.stem: json.loads(p.read_text()) for d in whole_dirs for p in d.glob("*.json")}
+
+
+def name(b: int, f: str, s: int, lr: float, seed: int) -> str:
+    return f"{f}-s{s}-b{b}-lr{lr:g}-seed{seed}"
+
+
+def point(xs: list[float]) -> str:
+    if not xs:
+        return "no runs"
+    mean, half = mean_ci(xs) if len(xs) > 1 else (xs[0], float("nan"))
+    return f"{mean:.4f} ± {half:.4f} ({len(xs)} seeds)"
+
+
+def cell_of(b: int, f: str, offered: set[int] | None = None) -> tuple[int, float]:
+    """(size, rate): lowest seed-0 validation NE at the budget's rate, then the rate re-check."""
+    rate = RATE[(b, f)]
+    ranked = sorted((v[0][0], s) for (bb, ff, s, lr), v in ne.items()
+                    if (bb, ff, lr) == (b, f, rate) and 0 in v and v[0][0] is not None
+                    and (offered is None or s in offered))
+    size = ranked[0][1]
+    tried = [(ne[k][0][0], lr) for lr in GRID if (k := (b, f, size, lr)) in ne and 0 in ne[k]]
+    return size, min(tried)[1]
+
+
+for b, label in BUDGETS.items():
+    print(f"== {label}")
+    rate = RATE[(b, "gem")]
+    seed0 = sorted((v[0][0], s) for (bb, ff, s, lr), v in ne.items()
+                   if (bb, ff, lr) == (b, "gem", rate) and 0 in v and v[0][0] is not None)
+    print(f"  seed-0 validation NE, gem at {rate:g} (s15-s17: the cross branch): "
+          + ", ".join(f"s{s} {v:.4f}" for v, s in seed0[:8]))
+    old = cell_of(b, "gem", {s for _, s in seed0 if s not in NEW})
+    cells = {"gem": cell_of(b, "gem"), "gem (session 19)": old,
+             "dcnv2": cell_of(b, "dcnv2"), "dlrm": cell_of(b, "dlrm")}
+    test16, testday, validday = {}, {}, {}
+    for label_f, (s, lr) in cells.items():
+        f = label_f.split()[0]
+        got = ne.get((b, f, s, lr), {})
+        test16[label_f] = [got[k][1] for k in sorted(got)]
+        runs = [whole.get(name(b, f, s, lr, k)) for k in sorted(got)]
+        testday[label_f] = [r["test"]["ne"] for r in runs if r]
+        validday[label_f] = [r["valid"]["ne"] for r in runs if r]
+        print(f"  {label_f:17} s{s} at {lr:g}: test NE (16,384 rows) {point(test16[label_f])}; "
+              f"whole test day {point(testday[label_f])}; whole validation day {point(validday[label_f])}")
+    for other in ("gem (session 19)", "dcnv2", "dlrm"):
+        for what, t in (("16,384 rows", test16), ("whole day", testday)):
+            if len(t["gem"]) > 1 and len(t[other]) > 1 and cells["gem"] != cells[other]:
+                diff = format_difference(welch_difference(t["gem"], t[other]))
+                print(f"  GEM minus {other}, {what}: {diff}")
