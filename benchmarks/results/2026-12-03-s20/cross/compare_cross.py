@@ -30,7 +30,7 @@ with contextlib.redirect_stdout(io.StringIO()):  # its report is compare_s19.txt
 sys.argv = argv
 ne, RATE, BUDGETS, GRID = g["ne"], g["RATE"], g["BUDGETS"], g["GRID"]
 run_row = g["g"]["run_row"]
-NEW = (15, 16, 17)
+NEW = {"gem": 15, "dcnv2": 16}  # the first size of each family's session-20 sizes
 
 
 def add(r: dict) -> None:
@@ -80,13 +80,16 @@ def cell_of(b: int, f: str, offered: set[int] | None = None) -> tuple[int, float
 for b, label in BUDGETS.items():
     print(f"== {label}")
     rate = RATE[(b, "gem")]
-    seed0 = sorted((v[0][0], s) for (bb, ff, s, lr), v in ne.items()
-                   if (bb, ff, lr) == (b, "gem", rate) and 0 in v and v[0][0] is not None)
-    print(f"  seed-0 validation NE, gem at {rate:g} (s15-s17: the cross branch): "
-          + ", ".join(f"s{s} {v:.4f}" for v, s in seed0[:8]))
-    old = cell_of(b, "gem", {s for _, s in seed0 if s not in NEW})
-    cells = {"gem": cell_of(b, "gem"), "gem (session 19)": old,
-             "dcnv2": cell_of(b, "dcnv2"), "dlrm": cell_of(b, "dlrm")}
+    cells = {}
+    for f in ("gem", "dcnv2"):
+        rate = RATE[(b, f)]
+        seed0 = sorted((v[0][0], s) for (bb, ff, s, lr), v in ne.items()
+                       if (bb, ff, lr) == (b, f, rate) and 0 in v and v[0][0] is not None)
+        print(f"  seed-0 validation NE, {f} at {rate:g} (s{NEW[f]} and up: session 20's): "
+              + ", ".join(f"s{s} {v:.4f}" for v, s in seed0[:8]))
+        cells[f] = cell_of(b, f)
+        cells[f"{f} (session 19)"] = cell_of(b, f, {s for _, s in seed0 if s < NEW[f]})
+    cells["dlrm"] = cell_of(b, "dlrm")
     test16, testday, validday = {}, {}, {}
     for label_f, (s, lr) in cells.items():
         f = label_f.split()[0]
@@ -95,9 +98,9 @@ for b, label in BUDGETS.items():
         runs = [whole.get(name(b, f, s, lr, k)) for k in sorted(got)]
         testday[label_f] = [r["test"]["ne"] for r in runs if r]
         validday[label_f] = [r["valid"]["ne"] for r in runs if r]
-        print(f"  {label_f:17} s{s} at {lr:g}: test NE (16,384 rows) {point(test16[label_f])}; "
+        print(f"  {label_f:19} s{s} at {lr:g}: test NE (16,384 rows) {point(test16[label_f])}; "
               f"whole test day {point(testday[label_f])}; whole validation day {point(validday[label_f])}")
-    for other in ("gem (session 19)", "dcnv2", "dlrm"):
+    for other in ("gem (session 19)", "dcnv2", "dcnv2 (session 19)", "dlrm"):
         for what, t in (("16,384 rows", test16), ("whole day", testday)):
             if len(t["gem"]) > 1 and len(t[other]) > 1 and cells["gem"] != cells[other]:
                 diff = format_difference(welch_difference(t["gem"], t[other]))

@@ -1,0 +1,57 @@
+"""5e11 on the 6.4M-row stream: GEM with the cross branch (s17) beside session 19's three seeds there of
+GEM s10, DCNv2 s9 and DLRM s14 (the seed-0 validation winners at 1.58e11 / 5e11 on the 2.8M-row stream).
+
+Test NE (mean of pooled click and conversion NE) on the study's 16,384 test rows (RUN/result.json) and on the
+whole test day (800,000 rows): session 19's runs as ``../calibrate_frontier.py`` scored them raw, s17 as
+``../size_seeds/whole_days.py`` did. GEM s17 minus each with a 95 % Welch interval.
+
+    python compare_b3.py S19_B3_RUNS CROSS_B3_RUNS CAL_DIR WHOLE_DIR > compare_b3.txt
+"""
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from opengem.bench.fit import mean_ci
+from opengem.bench.isoflop import selection_ne
+from opengem.bench.isoflop_report import format_difference, welch_difference
+
+s19_runs, cross_runs, cal_dir, whole_dir = (Path(p) for p in sys.argv[1:5])
+CELLS = {"gem s17 (cross)": (cross_runs, "gem-s17-b2-lr0.01"), "gem s10": (s19_runs, "gem-s10-b2-lr0.01"),
+         "dcnv2 s9": (s19_runs, "dcnv2-s9-b2-lr0.003"), "dlrm s14": (s19_runs, "dlrm-s14-b2-lr0.003")}
+
+
+def tasks(metrics: dict) -> float:
+    return float(np.mean([metrics[f"all/{t}"]["ne"] for t in ("click", "conversion")]))
+
+
+def point(xs: list[float]) -> str:
+    if not xs:
+        return "no runs"
+    mean, half = mean_ci(xs) if len(xs) > 1 else (xs[0], float("nan"))
+    return f"{mean:.4f} ± {half:.4f} ({len(xs)} seeds)"
+
+
+t16, tday, vday = {}, {}, {}
+for label, (root, stem) in CELLS.items():
+    runs = sorted(root.glob(f"{stem}-seed*"))
+    res = [json.loads((d / "result.json").read_text()) for d in runs if (d / "result.json").exists()]
+    t16[label] = [selection_ne(r["test"], "tasks") for r in res]
+    vday[label] = []
+    day = []
+    for d in runs:
+        if (p := cal_dir / f"b3__{d.name}.json").exists():
+            day.append(tasks(json.loads(p.read_text())["raw"]))
+        elif (p := whole_dir / f"{d.name}.json").exists():
+            doc = json.loads(p.read_text())
+            day.append(doc["test"]["ne"])
+            vday[label].append(doc["valid"]["ne"])
+    tday[label] = day
+    print(f"{label:16} test NE (16,384 rows) {point(t16[label])}; whole test day {point(tday[label])}"
+          + (f"; whole validation day {point(vday[label])}" if vday[label] else ""))
+ref = "gem s17 (cross)"
+for other in list(CELLS)[1:]:
+    for what, t in (("16,384 rows", t16), ("whole day", tday)):
+        if len(t[ref]) > 1 and len(t[other]) > 1:
+            print(f"GEM s17 minus {other}, {what}: {format_difference(welch_difference(t[ref], t[other]))}")
