@@ -2,8 +2,9 @@
 GEM s10, DCNv2 s9 and DLRM s14 (the seed-0 validation winners at 1.58e11 / 5e11 on the 2.8M-row stream).
 
 Test NE (mean of pooled click and conversion NE) on the study's 16,384 test rows (RUN/result.json) and on the
-whole test day (800,000 rows): session 19's runs as ``../calibrate_frontier.py`` scored them raw, s17 as
-``../size_seeds/whole_days.py`` did. GEM s17 minus each with a 95 % Welch interval.
+whole test day (800,000 rows), with the whole validation day, as ``../size_seeds/whole_days.py`` scores
+runs (session 19's runs as ``../calibrate_frontier.py`` scored them raw where those scores are missing). GEM
+s17 minus each with a 95 % Welch interval.
 
     python compare_b3.py S19_B3_RUNS CROSS_B3_RUNS CAL_DIR WHOLE_DIR > compare_b3.txt
 """
@@ -41,12 +42,12 @@ for label, (root, stem) in CELLS.items():
     vday[label] = []
     day = []
     for d in runs:
-        if (p := cal_dir / f"b3__{d.name}.json").exists():
-            day.append(tasks(json.loads(p.read_text())["raw"]))
-        elif (p := whole_dir / f"{d.name}.json").exists():
+        if (p := whole_dir / f"{d.name}.json").exists():
             doc = json.loads(p.read_text())
             day.append(doc["test"]["ne"])
             vday[label].append(doc["valid"]["ne"])
+        elif (p := cal_dir / f"b3__{d.name}.json").exists():
+            day.append(tasks(json.loads(p.read_text())["raw"]))
     tday[label] = day
     print(f"{label:16} test NE (16,384 rows) {point(t16[label])}; whole test day {point(tday[label])}"
           + (f"; whole validation day {point(vday[label])}" if vday[label] else ""))

@@ -105,3 +105,33 @@ for b, label in BUDGETS.items():
             if len(t["gem"]) > 1 and len(t[other]) > 1 and cells["gem"] != cells[other]:
                 diff = format_difference(welch_difference(t["gem"], t[other]))
                 print(f"  GEM minus {other}, {what}: {diff}")
+
+print("\n== The whole-day, three-seed rule: each family's three finalists by seed-0 validation NE (16,384 "
+      "rows, the budget's rate; new sizes offered), chosen by their mean whole-day validation NE over seeds "
+      "0-2, scored on the whole test day")
+for b, label in BUDGETS.items():
+    print(f"-- {label}")
+    test = {}
+    for f in ("gem", "dcnv2", "dlrm"):
+        rate = RATE[(b, f)]
+        seed0 = sorted((v[0][0], s) for (bb, ff, s, lr), v in ne.items()
+                       if (bb, ff, lr) == (b, f, rate) and 0 in v and v[0][0] is not None)
+        means = {}
+        for _, s in seed0[:3]:
+            docs = [whole.get(name(b, f, s, rate, k)) for k in (0, 1, 2)]
+            if all(docs):
+                means[s] = sum(d["valid"]["ne"] for d in docs) / 3
+        missing = [s for _, s in seed0[:3] if s not in means]
+        if not means:
+            print(f"  {f}: no finalist has whole-day scores for seeds 0-2")
+            continue
+        chosen = min(means, key=means.get)
+        got = ne.get((b, f, chosen, rate), {})
+        test[f] = [d["test"]["ne"] for k in sorted(got) if (d := whole.get(name(b, f, chosen, rate, k)))]
+        ranked = sorted(means.items(), key=lambda kv: kv[1])
+        print(f"  {f} at {rate:g}: " + ", ".join(f"s{s} {v:.4f}" for s, v in ranked)
+              + (f" (without seeds 0-2 scored: {', '.join(f's{s}' for s in missing)})" if missing else "")
+              + f" -> s{chosen}: whole test day {point(test[f])}")
+    for other in ("dcnv2", "dlrm"):
+        if len(test.get("gem", [])) > 1 and len(test.get(other, [])) > 1:
+            print(f"  GEM minus {other}: {format_difference(welch_difference(test['gem'], test[other]))}")
