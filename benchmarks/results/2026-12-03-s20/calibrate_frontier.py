@@ -103,12 +103,15 @@ def summary(out: Path) -> None:
         per = {}
         for s_, lb, f, s, b, lr, n, _ in FRONTIER:
             if (s_, lb) == (st, label):
-                per[f] = [ne_tasks(docs[k]["calibrated"]) for k in
-                          (f"{st}:{f}-s{s}-b{b}-lr{lr}-seed{i}" for i in range(n)) if k in docs]
-        for other in ("dcnv2", "dlrm"):
-            if per.get("gem") and per.get(other) and len(per["gem"]) > 1 and len(per[other]) > 1:
-                diff = format_difference(welch_difference(per["gem"], per[other]))
-                print(f"  {st} {label}: GEM minus {other} {diff}")
+                per[(f, s)] = [ne_tasks(docs[k]["calibrated"]) for k in
+                               (f"{st}:{f}-s{s}-b{b}-lr{lr}-seed{i}" for i in range(n)) if k in docs]
+        for (f, s), gem in per.items():
+            if f != "gem" or len(gem) < 2:
+                continue
+            for (other, so), xs in per.items():
+                if other != "gem" and len(xs) > 1:
+                    diff = format_difference(welch_difference(gem, xs))
+                    print(f"  {st} {label}: GEM s{s} minus {other} s{so} {diff}")
 
 
 if __name__ == "__main__":

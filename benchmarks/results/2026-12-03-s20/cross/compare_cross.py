@@ -9,9 +9,6 @@ scores; validation likewise on the whole day 6). GEM minus each baseline with a 
 
     python compare_cross.py WHOLE_DIR [WHOLE_DIR ...] -- RUN_DIR [RUN_DIR ...] > compare_cross.txt
 """
-import contextlib
-import csv
-import io
 import json
 import runpy
 import sys
@@ -21,37 +18,12 @@ from opengem.bench.fit import mean_ci
 from opengem.bench.isoflop_report import format_difference, welch_difference
 
 here = Path(__file__).resolve().parent
-s19 = here.parents[1] / "2026-12-03-s19" / "ladder"
 split = sys.argv.index("--")
 whole_dirs, run_dirs = [Path(p) for p in sys.argv[1:split]], [Path(p) for p in sys.argv[split + 1:]]
-argv, sys.argv = sys.argv, [str(s19 / "compare_s19.py")]
-with contextlib.redirect_stdout(io.StringIO()):  # its report is compare_s19.txt; only its tables are wanted
-    g = runpy.run_path(str(s19 / "compare_s19.py"), run_name="compare_s19")
-sys.argv = argv
-ne, RATE, BUDGETS, GRID = g["ne"], g["RATE"], g["BUDGETS"], g["GRID"]
-run_row = g["g"]["run_row"]
+g = runpy.run_path(str(here.parent / "size_seeds" / "compare_s20.py"), run_name="compare_s20")
+ne, RATE, BUDGETS, GRID = g["ne"], g["RATE"], g["BUDGETS"], g["g"]["GRID"]
+g["load_runs"](run_dirs, here / "runs_cross.csv")
 NEW = {"gem": 15, "dcnv2": 16}  # the first size of each family's session-20 sizes
-
-
-def add(r: dict) -> None:
-    key = (int(r["budget"]), r["family"], int(r["size"]), float(r["lr"]))
-    ne.setdefault(key, {})[int(r["seed"])] = (float(r["valid_ne"]), float(r["test_ne"]))
-
-
-with open(s19 / "runs_s19.csv") as fh:
-    for r in csv.DictReader(fh):
-        add(r)
-new = []
-for folder in run_dirs:
-    for d in sorted(folder.iterdir()):
-        if (row := run_row(d)) is not None:
-            new.append(row)
-            add(row)
-if new:
-    with open(here / "runs_cross.csv", "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(new[0]))
-        w.writeheader()
-        w.writerows(new)
 whole = {p.stem: json.loads(p.read_text()) for d in whole_dirs for p in d.glob("*.json")}
 
 

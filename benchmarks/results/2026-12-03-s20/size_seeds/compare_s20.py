@@ -37,20 +37,23 @@ def add(r: dict) -> None:
     ne.setdefault(key, {})[int(r["seed"])] = (float(r["valid_ne"]), float(r["test_ne"]))
 
 
-with open(s19 / "runs_s19.csv") as fh:
-    for r in csv.DictReader(fh):
-        add(r)
-new = []
-for folder in sys.argv[1:]:
-    for d in sorted(Path(folder).iterdir()):
-        if (row := run_row(d)) is not None:
-            new.append(row)
-            add(row)
-if new:
-    with open(here / "runs_s20.csv", "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(new[0]))
-        w.writeheader()
-        w.writerows(new)
+def load_runs(folders: list[Path], csv_out: Path) -> None:
+    """Session 19's runs (runs_s19.csv) and the folders' into ``ne``; the folders' rows to ``csv_out``."""
+    with open(s19 / "runs_s19.csv") as fh:
+        for r in csv.DictReader(fh):
+            add(r)
+    new = []
+    for folder in folders:
+        for d in sorted(Path(folder).iterdir()):
+            if (row := run_row(d)) is not None:
+                new.append(row)
+                add(row)
+    if new:
+        with open(csv_out, "w", newline="") as fh:
+            w = csv.DictWriter(fh, fieldnames=list(new[0]))
+            w.writeheader()
+            w.writerows(new)
+
 
 SEEDS = (0, 1, 2)
 
@@ -60,31 +63,38 @@ def point(xs: list[float]) -> str:
     return f"{mean:.4f} ± {half:.4f} ({len(xs)} seeds)"
 
 
-for b, label in BUDGETS.items():
-    print(f"== {label}")
-    test = {}
-    for f in FAMILIES:
-        rate = RATE[(b, f)]
-        seed0 = sorted((v[0][0], s) for (bb, ff, s, lr), v in ne.items()
-                       if (bb, ff, lr) == (b, f, rate) and 0 in v and v[0][0] is not None)
-        finalists = [s for _, s in seed0[:3]]
-        means = {}
-        for s in finalists:
-            got = ne[(b, f, s, rate)]
-            vals = [got[k][0] for k in SEEDS if k in got and got[k][0] is not None]
-            means[s] = (sum(vals) / len(vals), len(vals))
-        old, chosen = finalists[0], min(finalists, key=lambda s: means[s][0])
-        print(f"  {f} at {rate:g}: finalists (mean validation NE over seeds 0-2): "
-              + ", ".join(f"s{s} {m:.4f} (seed 0 {ne[(b, f, s, rate)][0][0]:.4f}, {n} seeds)"
-                          for s, (m, n) in sorted(means.items(), key=lambda kv: kv[1][0])))
-        # session 19's rate re-check: the chosen size's seed-0 validation NE at each rate of the grid it has
-        tried = [(ne[k][0][0], lr) for lr in g["GRID"] if (k := (b, f, chosen, lr)) in ne and 0 in ne[k]]
-        best_rate = min(tried)[1]
-        cell = ne[(b, f, chosen, best_rate)]
-        test[f] = [cell[k][1] for k in sorted(cell)]
-        same = "the same as session 19's" if chosen == old else f"session 19's rule chose s{old}"
-        print(f"  {f}: s{chosen} at {best_rate:g} ({same}; rates tried {len(tried)}): "
-              f"test NE {point(test[f])}; "
-              "the finalists' test NE at the budget's rate: "
-              + ", ".join(f"s{s} {point([v[1] for v in ne[(b, f, s, rate)].values()])}" for s in finalists))
-    print_gap_and_differences(test, oracle)
+def report() -> None:
+    for b, label in BUDGETS.items():
+        print(f"== {label}")
+        test = {}
+        for f in FAMILIES:
+            rate = RATE[(b, f)]
+            seed0 = sorted((v[0][0], s) for (bb, ff, s, lr), v in ne.items()
+                           if (bb, ff, lr) == (b, f, rate) and 0 in v and v[0][0] is not None)
+            finalists = [s for _, s in seed0[:3]]
+            means = {}
+            for s in finalists:
+                got = ne[(b, f, s, rate)]
+                vals = [got[k][0] for k in SEEDS if k in got and got[k][0] is not None]
+                means[s] = (sum(vals) / len(vals), len(vals))
+            old, chosen = finalists[0], min(finalists, key=lambda s: means[s][0])
+            print(f"  {f} at {rate:g}: finalists (mean validation NE over seeds 0-2): "
+                  + ", ".join(f"s{s} {m:.4f} (seed 0 {ne[(b, f, s, rate)][0][0]:.4f}, {n} seeds)"
+                              for s, (m, n) in sorted(means.items(), key=lambda kv: kv[1][0])))
+            # session 19's rate re-check: the chosen size's seed-0 validation NE at each rate it has
+            tried = [(ne[k][0][0], lr) for lr in g["GRID"] if (k := (b, f, chosen, lr)) in ne and 0 in ne[k]]
+            best_rate = min(tried)[1]
+            cell = ne[(b, f, chosen, best_rate)]
+            test[f] = [cell[k][1] for k in sorted(cell)]
+            same = "the same as session 19's" if chosen == old else f"session 19's rule chose s{old}"
+            print(f"  {f}: s{chosen} at {best_rate:g} ({same}; rates tried {len(tried)}): "
+                  f"test NE {point(test[f])}; "
+                  "the finalists' test NE at the budget's rate: "
+                  + ", ".join(f"s{s} {point([v[1] for v in ne[(b, f, s, rate)].values()])}"
+                              for s in finalists))
+        print_gap_and_differences(test, oracle)
+
+
+if __name__ == "__main__":
+    load_runs([Path(p) for p in sys.argv[1:]], here / "runs_s20.csv")
+    report()
