@@ -35,7 +35,7 @@ FRONTIER = [
     ("lad", "5e11", "dcnv2", 9, 2, "0.003", 5, "/work/s18/lad/runs"),
     ("lad", "5e11", "dlrm", 8, 2, "0.003", 5, "/work/s18/lad/runs"),
     ("lad", "1.58e11", "gem", 17, 1, "0.003", 5, "/work/s20/cross/runs"),  # session 20: GEM + cross branch
-    ("b3", "5e11", "gem", 17, 2, "0.01", 3, "/work/s20/cross_b3/runs"),  # session 20: GEM + cross branch
+    ("b3", "5e11", "gem", 17, 2, "0.003", 3, "/work/s20/cross_b3/runs"),  # session 20: GEM + cross
     ("b3", "5e11", "gem", 10, 2, "0.01", 3, "/work/s19/b3/runs"),
     ("b3", "5e11", "dcnv2", 9, 2, "0.003", 3, "/work/s19/b3/runs"),
     ("b3", "5e11", "dlrm", 14, 2, "0.003", 3, "/work/s19/b3/runs"),
