@@ -10,13 +10,13 @@ from opengem.data.schema import FeatureSchema
 from opengem.model.baselines import (
     DIN,
     DLRM,
-    CrossLayer,
     DCNv2,
     DCNv2Config,
     DINConfig,
     DLRMConfig,
     TargetAttention,
 )
+from opengem.model.cross import CrossLayer
 from opengem.model.embedding import EmbeddingConfig
 from opengem.model.heads import HeadConfig, masked_bce
 

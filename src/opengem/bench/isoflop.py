@@ -204,8 +204,11 @@ def format_plan(plan: list[PlannedRun], lrs: int, seeds: int, size_seeds: int = 
                      f"{r.steps:>8d}{r.examples:>10d}{r.epochs:>8.3f}")
     fams = sorted({r.family for r in plan})
     budgets = len({r.budget for r in plan})
-    choice = (min(size_finalists, len(plan)) - 1) * (size_seeds - 1) + max(size_seeds - seeds, 0)
-    n = len(plan) + len(fams) * (max(lrs - 1, 0) + budgets * (seeds - 1 + choice))
+    n = len(plan) + len(fams) * max(lrs - 1, 0)
+    for fam in fams:  # per budget: the seeds of the size choice's other finalists, then the frontier's seeds
+        ladder = len({r.size for r in plan if r.family == fam})
+        others = (min(size_finalists, ladder) - 1) * (size_seeds - 1) if size_seeds > 1 else 0
+        n += budgets * (others + max(seeds, size_seeds) - 1)
     lines.append(f"{len(plan)} grid runs; with the lr grid and the extra seeds about {n} runs "
                  f"(+ up to {2 * len(fams)} lr-transfer checks)")
     return "\n".join(lines)
@@ -451,17 +454,17 @@ def run_study(cfg: IsoflopConfig, out: str | Path, data_dir: str | Path | None =
     for fam in fams:
         best[fam], size_choice[fam] = [], []
         for b in range(len(cfg.budgets)):
+            lr = lr_choice[fam][b]
             pts = [r for r in records if r["family"] == fam and r["budget"] == b and r["seed"] == 0
-                   and r["lr"] == lr_choice[fam][b]]
+                   and r["lr"] == lr]
             pts.sort(key=lambda r: _nan_last(r["valid_ne"]))
             finalists = [r["size"] for r in pts[:cfg.size_finalists if cfg.size_seeds > 1 else 1]]
-            lr = lr_choice[fam][b]
             scores = {size: float(np.mean([run(fam, size, b, lr, seed, "size-choice")["valid_ne"]
                                            for seed in range(cfg.size_seeds)])) for size in finalists}
             best[fam].append(min(finalists, key=lambda size: _nan_last(scores[size])))
             size_choice[fam].append({str(size): v for size, v in scores.items()})
             for seed in range(1, cfg.seeds):
-                run(fam, best[fam][b], b, lr_choice[fam][b], seed, "frontier")
+                run(fam, best[fam][b], b, lr, seed, "frontier")
     # 4. does the rate transfer? its grid neighbours at the largest budget's best size
     lr_check: dict[str, dict[str, float]] = {}
     if cfg.lr_check and cfg.lr_grid:

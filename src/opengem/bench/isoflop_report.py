@@ -125,10 +125,9 @@ def summarize_study(cfg: Any, st: Any, records: list[dict[str, Any]], lr_choice:
             "validation NE; each budget's rate at every size of the family there" if each else
             f"grid {cfg.lr_grid} at the smallest budget on ladder rung {cfg.lr_size}, {seeds}, "
             "lowest mean validation NE; reused at every budget and size of the family")
-    size_seeds = getattr(cfg, "size_seeds", 1)
-    size_rule = ("lowest seed-0 validation NE at each budget's rate" if size_seeds == 1 else
+    size_rule = ("lowest seed-0 validation NE at each budget's rate" if cfg.size_seeds == 1 else
                  f"the {cfg.size_finalists} sizes with the lowest seed-0 validation NE at each budget's "
-                 f"rate, then the lowest mean validation NE over seeds 0-{size_seeds - 1}")
+                 f"rate, then the lowest mean validation NE over seeds 0-{cfg.size_seeds - 1}")
     return {
         "metric": cfg.metric, "metric_keys": mk,
         # per family, per budget: {size: its mean validation NE over the seeds that chose it}

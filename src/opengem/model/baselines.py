@@ -38,7 +38,7 @@ from torch import nn
 from opengem.config import ConfigError
 from opengem.data.batch import Batch
 from opengem.data.schema import FeatureSchema
-from opengem.model.cross import CrossLayer
+from opengem.model.cross import CrossNetwork
 from opengem.model.embedding import (
     EmbeddedFeatures,
     EmbeddingConfig,
@@ -176,7 +176,7 @@ class DCNv2(_Baseline):
         super().__init__(schema, emb, head)
         self.cfg = cfg
         D = self.in_dim = (self.embedding.num_tokens + len(schema.sequences)) * self.d
-        self.cross = nn.ModuleList([CrossLayer(D, cfg.low_rank) for _ in range(cfg.num_cross_layers)])
+        self.cross = CrossNetwork(D, cfg.num_cross_layers, cfg.low_rank)
         self._deep_dims = [D, *cfg.deep_mlp]
         self.deep = mlp(self._deep_dims) if cfg.deep_mlp else None
         if cfg.structure == "parallel":
@@ -188,9 +188,7 @@ class DCNv2(_Baseline):
     def interact(self, batch: Batch, emb: EmbeddedFeatures) -> torch.Tensor:
         # under CPU autocast: cast x0 once, so the cross layers and the final cat stay in bf16
         x0 = to_cpu_autocast_dtype(torch.cat([emb.tokens.flatten(1), *_seq_means(emb)], dim=1))
-        x = x0
-        for layer in self.cross:
-            x = layer(x0, x)
+        x = self.cross(x0)
         if self.deep is None:
             return x
         if self.cfg.structure == "stacked":
@@ -199,7 +197,7 @@ class DCNv2(_Baseline):
 
     def interact_flops(self, seq_len: int | None) -> int:
         deep = mlp_flops(self._deep_dims) if self.deep is not None else 0
-        return sum(c.flops_per_example() for c in self.cross) + deep
+        return self.cross.flops_per_example() + deep
 
 
 # ------------------------------------------------------------------------------------------------ DIN

@@ -1,4 +1,4 @@
-"""DCNv2's cross layer (arXiv 2008.13535), shared by DCNv2 and GEM's optional cross branch."""
+"""DCNv2's cross network (arXiv 2008.13535), shared by DCNv2 and GEM's optional cross branch."""
 
 from __future__ import annotations
 
@@ -30,3 +30,20 @@ class CrossLayer(nn.Module):
 
     def flops_per_example(self) -> int:
         return 2 * linear_flops(self.dim, self.rank) if self.rank else linear_flops(self.dim, self.dim)
+
+
+class CrossNetwork(nn.ModuleList):
+    """``layers`` cross layers applied in turn to x0; with none, x0 itself. A ModuleList, so parameter names
+    (``cross.0.w.weight``) are those of a plain list of layers."""
+
+    def __init__(self, dim: int, layers: int, rank: int = 0) -> None:
+        super().__init__([CrossLayer(dim, rank) for _ in range(layers)])
+
+    def forward(self, x0: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        x = x0
+        for layer in self:
+            x = layer(x0, x)
+        return x
+
+    def flops_per_example(self) -> int:
+        return sum(layer.flops_per_example() for layer in self)

@@ -33,7 +33,7 @@ from torch import nn
 from opengem.config import ConfigError
 from opengem.data.batch import Batch
 from opengem.data.schema import FeatureSchema
-from opengem.model.cross import CrossLayer
+from opengem.model.cross import CrossNetwork
 from opengem.model.embedding import (
     EmbeddedFeatures,
     EmbeddingConfig,
@@ -163,7 +163,7 @@ class GEM(nn.Module):
         else:
             self.wukong = WukongStack(n, d, cfg.wukong)
             head_in = self.wukong.out_tokens * d
-        self.cross = nn.ModuleList([CrossLayer(n * d, cfg.cross_rank) for _ in range(cfg.cross_layers)])
+        self.cross = CrossNetwork(n * d, cfg.cross_layers, cfg.cross_rank)
         head_in += n * d if cfg.cross_layers else 0
         # public: the dense columns the head's context term reads (vertical models rebuild its input)
         self.head_context_columns = columns = context_columns(schema, head.context)
@@ -186,10 +186,7 @@ class GEM(nn.Module):
             x = self.wukong(e.tokens)
             h, user = x.flatten(1), x.mean(dim=1)
         if len(self.cross):
-            x0 = x = e.tokens.flatten(1)
-            for layer in self.cross:
-                x = layer(x0, x)
-            h = torch.cat([h, x], dim=1)
+            h = torch.cat([h, self.cross(e.tokens.flatten(1))], dim=1)
         logits, trunk = self.head(h, batch.surface, head_context(e.dense, self.head_context_columns))
         return ModelOutput(logits=logits, trunk=trunk, extras={"user": user, "ad": e.target, "trunk": trunk})
 
@@ -232,16 +229,18 @@ class GEM(nn.Module):
 
     def flops_per_example(self, seq_len: int | None = None) -> int:
         """Analytic forward FLOPs per example, every sequence full (``seq_len`` capped per group)."""
-        total = self.embedding.flops_per_example(seq_len) + self.head.flops_per_example() + self.cross_flops()
+        total = self._row_flops(seq_len)
         if self.groups:
             total += self.sequence_path_flops(sum(self.embedding.seq_len(g, seq_len) for g in self.groups))
         else:
             total += self.wukong.flops()
         return total
 
-    def cross_flops(self) -> int:
-        """The optional cross branch per row (its matrix products, as DCNv2 counts its own)."""
-        return sum(c.flops_per_example() for c in self.cross)
+    def _row_flops(self, seq_len: int | None) -> int:
+        """Forward FLOPs per row outside the sequence path and the Wukong stack: the embedding (its per-event
+        projections at ``seq_len`` events a group), the optional cross branch and the head."""
+        embedding = self.embedding.flops_per_example(seq_len)
+        return embedding + self.cross.flops_per_example() + self.head.flops_per_example()
 
     def sequence_path_flops(self, width: int) -> int:
         """Forward FLOPs per row of the sequence path (encoder + InterFormer) at merged padded ``width``."""
@@ -256,7 +255,7 @@ class GEM(nn.Module):
         B = batch.batch_size
         if not self.groups:
             return self.flops_per_example() * B
-        total = (self.embedding.flops_per_example(0) + self.head.flops_per_example() + self.cross_flops()) * B
+        total = self._row_flops(0) * B
         lengths = []
         for g in self.groups:
             n = batch.sequences[g].lengths.detach().to("cpu", torch.long)
