@@ -17,9 +17,8 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
-
 from opengem.bench.fit import mean_ci
+from opengem.bench.isoflop import selection_ne
 from opengem.bench.isoflop_report import format_difference, welch_difference
 
 TEST = "day=007"
@@ -74,7 +73,7 @@ def run_one(out: Path, name: str) -> None:
 
 
 def ne_tasks(m: dict) -> float:
-    return float(np.mean([m[f"all/{t}"]["ne"] for t in TASKS]))
+    return selection_ne(m, "tasks")
 
 
 def summary(out: Path) -> None:

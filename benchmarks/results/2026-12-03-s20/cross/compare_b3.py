@@ -13,8 +13,6 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
-
 from opengem.bench.fit import mean_ci
 from opengem.bench.isoflop import selection_ne
 from opengem.bench.isoflop_report import format_difference, welch_difference
@@ -25,9 +23,6 @@ CELLS = {"gem s17 (cross)": (cross_runs, "gem-s17-b2-lr0.003"),
          "gem s17 at 1e-2": (cross_runs, "gem-s17-b2-lr0.01"), "gem s10": (s19_runs, "gem-s10-b2-lr0.01"),
          "dcnv2 s9": (s19_runs, "dcnv2-s9-b2-lr0.003"), "dlrm s14": (s19_runs, "dlrm-s14-b2-lr0.003")}
 
-
-def tasks(metrics: dict) -> float:
-    return float(np.mean([metrics[f"all/{t}"]["ne"] for t in ("click", "conversion")]))
 
 
 def point(xs: list[float]) -> str:
@@ -50,7 +45,7 @@ for label, (root, stem) in CELLS.items():
             day.append(doc["test"]["ne"])
             vday[label].append(doc["valid"]["ne"])
         elif (p := cal_dir / f"b3__{d.name}.json").exists():
-            day.append(tasks(json.loads(p.read_text())["raw"]))
+            day.append(selection_ne(json.loads(p.read_text())["raw"], "tasks"))
     tday[label] = day
     print(f"{label:16} test NE (16,384 rows) {point(t16[label])}; whole test day {point(tday[label])}"
           + (f"; whole validation day {point(vday[label])}" if vday[label] else ""))

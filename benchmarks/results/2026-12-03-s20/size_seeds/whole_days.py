@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from opengem.bench.fit import mean_ci
+from opengem.bench.isoflop import selection_ne
 from opengem.bench.isoflop_report import format_difference, welch_difference
 
 NAME = re.compile(r"(gem|dcnv2|dlrm)-s(\d+)-b(\d)-lr([0-9.e-]+)-seed(\d+)$")
@@ -30,9 +31,6 @@ FINALISTS = {
 LABEL = {0: "5e10", 1: "1.58e11", 2: "5e11"}
 
 
-def ne_tasks(metrics: dict) -> float:
-    return float(np.mean([metrics[f"all/{t}"]["ne"] for t in ("click", "conversion")]))
-
 
 def score(out: Path, runs: list[Path]) -> None:
     from opengem.train.evaluate import evaluate_run
@@ -45,7 +43,8 @@ def score(out: Path, runs: list[Path]) -> None:
         doc = {"run": str(d)}
         for key, spec in DAYS.items():
             res = evaluate_run(d, partitions=spec, write=False)
-            doc[key] = {"rows": res["rows"], "ne": ne_tasks(res["metrics"]), "metrics": res["metrics"]}
+            ne = selection_ne(res["metrics"], "tasks")
+            doc[key] = {"rows": res["rows"], "ne": ne, "metrics": res["metrics"]}
         dest.write_text(json.dumps(doc, indent=2))
         print(d.name, doc["valid"]["ne"], doc["test"]["ne"], flush=True)
 
