@@ -23,24 +23,30 @@ Steps, in order (each run's result is OUT/runs/<name>/result.json; a killed stud
    (session 19: a 0.0008 seed-0 difference chose between two sizes whose five-seed validation means tied and
    whose test NE differed by 0.0095).
 The summary (bench/isoflop_report.py) turns the runs into the frontier, fitted laws, efficiency ratios.
+
+Each family's rule is a chain of batches of runs that do not depend on one another (the grid's rates, a
+budget's sizes, the extra seeds), and families never depend on each other; with ``workers`` > 1 the study
+trains that many runs at once, each in its own process (bench/isoflop_worker.py), longest first.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
+from opengem.bench.isoflop_rule import Job, family_rule, nan_last, run_name, run_rules
 from opengem.bench.size_ladder import FamilySweep, size_overrides
 from opengem.config import ConfigError, load_config, save_config, to_dict
 from opengem.data.commit import atomic_write_text
+from opengem.errors import TrainError
 
 REPO = Path(__file__).resolve().parents[3]
 BUDGETS = ("small", "default", "large")
@@ -78,6 +84,9 @@ class IsoflopConfig:
     calibrate: str = "none"
     min_steps: int = 8  # refuse a plan in which some run gets fewer optimizer steps than this
     max_epochs: float = 1.0  # refuse a plan in which some run reads the training days more often
+    # runs trained at once, each in its own process (set train.threads so that workers x threads fits the
+    # cores); 1 = one after another in this process. The rule and every run's result are the same either way
+    workers: int = 1
 
 
 def default_config_path(budget: str) -> Path:
@@ -141,6 +150,7 @@ def validate_isoflop(cfg: IsoflopConfig, where: str = "isoflop") -> None:
          f"lr_budgets must be smallest or each (got {cfg.lr_budgets!r})")
     need(cfg.calibrate in ("none", "platt", "offset"),
          f"calibrate must be none, platt or offset (got {cfg.calibrate!r})")
+    need(cfg.workers >= 1, f"workers must be >= 1 (got {cfg.workers})")
     need(cfg.bootstrap >= 0 and cfg.min_steps >= 1 and cfg.max_epochs > 0 and cfg.eval_rows >= 0,
          "bootstrap >= 0, min_steps >= 1, max_epochs > 0 and eval_rows >= 0")
 
@@ -268,8 +278,26 @@ class Study:
         return rc
 
 
-def run_name(family: str, size: int, budget: int, lr: float | None, seed: int) -> str:
-    return f"{family}-s{size}-b{budget}-lr{'recipe' if lr is None else format(lr, 'g')}-seed{seed}"
+def _config_sha256(rc: Any) -> str:
+    return hashlib.sha256(json.dumps(to_dict(rc), sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _eval_batches(rc: Any, eval_rows: int) -> int:
+    batch = rc.data.eval_batch_size or rc.data.batch_size
+    return -(-eval_rows // batch) if eval_rows else 0
+
+
+def finished_run(rc: Any, run_dir: Path, test_spec: str, eval_rows: int = 0, calibrate: str = "none"
+                 ) -> dict[str, Any] | None:
+    """RUN/result.json when it was written for the identical resolved config and evaluation, else None."""
+    done = run_dir / "result.json"
+    if not done.exists():
+        return None
+    rec = json.loads(done.read_text())
+    want = (_config_sha256(rc), test_spec, _eval_batches(rc, eval_rows), calibrate)
+    got = (rec.get("config_sha256"), rec.get("test_spec"), rec.get("eval_batches"),
+           rec.get("calibrate", "none"))
+    return rec if got == want else None
 
 
 def train_and_test(rc: Any, run_dir: Path, test_spec: str, eval_rows: int = 0, calibrate: str = "none"
@@ -281,15 +309,12 @@ def train_and_test(rc: Any, run_dir: Path, test_spec: str, eval_rows: int = 0, c
     evaluation. Returns (record, trained now)."""
     from opengem.train.trainer import Trainer
 
-    ident = hashlib.sha256(json.dumps(to_dict(rc), sort_keys=True, default=str).encode()).hexdigest()
+    rec = finished_run(rc, run_dir, test_spec, eval_rows, calibrate)
+    if rec is not None:
+        return rec, False
+    ident = _config_sha256(rc)
     done = run_dir / "result.json"
-    batch = rc.data.eval_batch_size or rc.data.batch_size
-    max_batches = -(-eval_rows // batch) if eval_rows else 0
-    if done.exists():
-        rec = json.loads(done.read_text())
-        if (rec.get("config_sha256"), rec.get("test_spec"), rec.get("eval_batches"),
-                rec.get("calibrate", "none")) == (ident, test_spec, max_batches, calibrate):
-            return rec, False
+    max_batches = _eval_batches(rc, eval_rows)
     test_raw = None
     with Trainer(rc, run_dir, rc.data.path, force=True) as tr:
         s = tr.fit()
@@ -401,81 +426,53 @@ def run_study(cfg: IsoflopConfig, out: str | Path, data_dir: str | Path | None =
     cell = {(p.family, p.size, p.budget): p for p in plan}
     records: list[dict[str, Any]] = []
     counter = [0]
+    lock = threading.Lock()
 
-    def run(fam: str, size: int, budget: int, lr: float | None, seed: int, role: str) -> dict[str, Any]:
-        p = cell[(fam, size, budget)]
-        name = run_name(fam, size, budget, lr, seed)
-        existing = next((r for r in records if r["name"] == name), None)
-        if existing is not None:
-            existing["roles"] = sorted({*existing["roles"], role})
-            return existing
+    def run(job: Job) -> float:
+        p = cell[(job.family, job.size, job.budget)]
+        with lock:
+            existing = next((r for r in records if r["name"] == job.name), None)
+            if existing is not None:
+                existing["roles"] = sorted({*existing["roles"], job.role})
+                return existing["valid_ne"]
         t1 = time.perf_counter()
-        rec, trained = train_and_test(st.run_config(fams[fam], size, p.steps, lr, seed), out / "runs" / name,
-                                      st.test_spec, cfg.eval_rows, cfg.calibrate)
-        counter[0] += trained
-        row = {"name": name, "family": fam, "model": fams[fam].model or fam, "size": size, "budget": budget,
-               "flops_budget": p.flops_budget, "lr": lr, "seed": seed, "roles": [role],
-               "overrides": " ".join(st.sizes[fam][size]), "fwd_flops": rec["flops_per_example"],
-               "steps": rec["steps"], "examples": rec["examples"],
+        rc = st.run_config(fams[job.family], job.size, p.steps, job.lr, job.seed)
+        run_dir = out / "runs" / job.name
+        if cfg.workers > 1:
+            rec = finished_run(rc, run_dir, st.test_spec, cfg.eval_rows, cfg.calibrate)
+            trained = rec is None
+            if trained:
+                rec = _train_in_process_of_its_own(out, st, job, run_dir)
+                if finished_run(rc, run_dir, st.test_spec, cfg.eval_rows, cfg.calibrate) is None:
+                    raise TrainError(f"isoflop: run {job.name} wrote a result for another config than the "
+                                     f"study's ({run_dir / 'result.json'})")
+        else:
+            rec, trained = train_and_test(rc, run_dir, st.test_spec, cfg.eval_rows, cfg.calibrate)
+        row = {"name": job.name, "family": job.family, "model": fams[job.family].model or job.family,
+               "size": job.size, "budget": job.budget, "flops_budget": p.flops_budget, "lr": job.lr,
+               "seed": job.seed, "roles": [job.role], "overrides": " ".join(st.sizes[job.family][job.size]),
+               "fwd_flops": rec["flops_per_example"], "steps": rec["steps"], "examples": rec["examples"],
                "train_flops": 3.0 * rec["flops_per_example"] * rec["examples"],
                "dense_params": rec["dense_params"], "train_seconds": rec["train_seconds"],
                "examples_per_s": rec["examples_per_s"], "valid_ne": selection_ne(rec["valid"], cfg.metric),
                "test_ne": selection_ne(rec["test"], cfg.metric), "valid": rec["valid"], "test": rec["test"]}
-        records.append(row)
-        how = f"{time.perf_counter() - t1:.1f}s" if trained else "reused"
-        log(f"isoflop: [{len(records)}] {name} ({role}): {rec['examples']} rows, "
-            f"valid NE {row['valid_ne']:.5f}, test NE {row['test_ne']:.5f}, {how}")
-        return row
+        with lock:
+            counter[0] += trained
+            records.append(row)
+            how = f"{time.perf_counter() - t1:.1f}s" if trained else "reused"
+            log(f"isoflop: [{len(records)}] {job.name} ({job.role}): {rec['examples']} rows, "
+                f"valid NE {row['valid_ne']:.5f}, test NE {row['test_ne']:.5f}, {how}")
+        return row["valid_ne"]
 
-    # 1. learning rate per family: on the smallest budget, or on each (lr_budgets); one rate per budget
-    n_budgets = len(cfg.budgets)
-    lr_choice: dict[str, list[float | None]] = {}
-    lr_grid_res: dict[str, list[dict[str, float]]] = {}  # per family, per budget the grid ran at
-    for fam in fams:
-        grid: list[float | None] = list(cfg.lr_grid) or [None]
-        chosen: list[float | None] = []
-        lr_grid_res[fam] = []
-        for b in range(n_budgets if cfg.lr_budgets == "each" else 1):
-            scores = {lr: float(np.mean([run(fam, cfg.lr_size, b, lr, seed, "lr-grid")["valid_ne"]
-                                         for seed in range(cfg.lr_seeds)])) for lr in grid}
-            chosen.append(min(grid, key=lambda lr: _nan_last(scores[lr])))
-            lr_grid_res[fam].append({("recipe" if lr is None else format(lr, "g")): v
-                                     for lr, v in scores.items()})
-        lr_choice[fam] = chosen if len(chosen) == n_budgets else chosen * n_budgets
-    # 2. every (budget, family, size) at the family's rate for that budget
-    for b in range(n_budgets):
-        for fam in fams:
-            for i in range(len(st.sizes[fam])):
-                run(fam, i, b, lr_choice[fam][b], 0, "grid")
-    # 3. each budget's size, chosen on validation (seed 0, or the finalists' mean over size_seeds seeds),
-    # then extra seeds there
-    best: dict[str, list[int]] = {}
-    size_choice: dict[str, list[dict[str, float]]] = {}
-    for fam in fams:
-        best[fam], size_choice[fam] = [], []
-        for b in range(len(cfg.budgets)):
-            lr = lr_choice[fam][b]
-            pts = [r for r in records if r["family"] == fam and r["budget"] == b and r["seed"] == 0
-                   and r["lr"] == lr]
-            pts.sort(key=lambda r: _nan_last(r["valid_ne"]))
-            finalists = [r["size"] for r in pts[:cfg.size_finalists if cfg.size_seeds > 1 else 1]]
-            scores = {size: float(np.mean([run(fam, size, b, lr, seed, "size-choice")["valid_ne"]
-                                           for seed in range(cfg.size_seeds)])) for size in finalists}
-            best[fam].append(min(finalists, key=lambda size: _nan_last(scores[size])))
-            size_choice[fam].append({str(size): v for size, v in scores.items()})
-            for seed in range(1, cfg.seeds):
-                run(fam, best[fam][b], b, lr, seed, "frontier")
-    # 4. does the rate transfer? its grid neighbours at the largest budget's best size
-    lr_check: dict[str, dict[str, float]] = {}
-    if cfg.lr_check and cfg.lr_grid:
-        last = len(cfg.budgets) - 1
-        for fam in fams:
-            grid_s = sorted(cfg.lr_grid)
-            j = grid_s.index(lr_choice[fam][last])  # type: ignore[arg-type]
-            check = {}
-            for lr in grid_s[max(j - 1, 0):j + 2]:
-                check[format(lr, "g")] = run(fam, best[fam][last], last, lr, 0, "lr-check")["valid_ne"]
-            lr_check[fam] = check
+    rules = {fam: family_rule(cfg, fam, len(st.sizes[fam])) for fam in fams}
+    choice = run_rules(rules, run, cfg.workers,
+                       cost=lambda job: cell[(job.family, job.size, job.budget)].train_flops)
+    records.sort(key=lambda r: _record_order(r, list(fams)))
+    lr_choice = {fam: choice[fam].lr for fam in fams}  # in the study's family order, not finishing order
+    lr_grid_res = {fam: choice[fam].lr_grid for fam in fams}
+    best = {fam: choice[fam].best for fam in fams}
+    size_choice = {fam: choice[fam].size_choice for fam in fams}
+    lr_check = {fam: choice[fam].lr_check for fam in fams if choice[fam].lr_check}
     result = summarize_study(cfg, st, records, lr_choice, lr_grid_res, lr_check, best, plan, size_choice)
     result["elapsed_s"] = time.perf_counter() - t_start
     result["runs_trained_now"] = counter[0]
@@ -518,5 +515,28 @@ def _batch_size(st: Study) -> dict[str, int]:
     return {f.name: int(st.run_config(f, 0, 1, None, 0).data.batch_size) for f in st.cfg.families}
 
 
-def _nan_last(x: float) -> float:
-    return x if x == x else float("inf")
+_ROLES = ("lr-grid", "grid", "size-choice", "frontier", "lr-check")
+
+
+def _record_order(r: dict[str, Any], families: list[str]) -> tuple[Any, ...]:
+    """Records in the rule's order whatever order they finished in: by first role, budget, family, size,
+    rate, seed; so that isoflop_runs.csv is the same with one worker or several."""
+    first = min(_ROLES.index(x) for x in r["roles"])
+    return (first, r["budget"], families.index(r["family"]), r["size"], nan_last(r["lr"] or 0.0), r["seed"])
+
+
+def _train_in_process_of_its_own(out: Path, st: Study, job: Job, run_dir: Path) -> dict[str, Any]:
+    """Train one run with bench/isoflop_worker.py in a fresh Python process (its output in OUT/logs/), as
+    the study would in this one; raise TrainError naming the log when it fails."""
+    logs = out / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    log_path = logs / f"{job.name}.txt"
+    cmd = [sys.executable, "-m", "opengem.bench.isoflop_worker", str(out / "isoflop.toml"), str(out),
+           str(st.data), job.family, str(job.size), str(job.budget),
+           "recipe" if job.lr is None else format(job.lr, "g"), str(job.seed), *st.extra]
+    with open(log_path, "w") as fh:
+        code = subprocess.call(cmd, stdout=fh, stderr=subprocess.STDOUT)
+    if code != 0 or not (run_dir / "result.json").exists():
+        tail = log_path.read_text().strip().splitlines()[-1:] or ["(no output)"]
+        raise TrainError(f"isoflop: run {job.name} failed (exit {code}): {tail[0]} (log: {log_path})")
+    return json.loads((run_dir / "result.json").read_text())

@@ -1,0 +1,171 @@
+"""The iso-FLOP study's selection rule, per family, as batches of runs; and the loop that trains them.
+
+The rule (bench/isoflop.py, steps 1-4) is written once, as a generator per family that yields a batch of
+runs whose results it needs next and receives every finished run's validation NE. Runs inside a batch do not
+depend on one another (the grid's rates; a budget's sizes; the extra seeds), and families never depend on each
+other, so :func:`run_rules` can keep ``workers`` runs going at once, longest first, while the choices stay
+exactly those of the one-at-a-time study (the same rule reads the same numbers).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Job:
+    """One run the rule asks for; ``role`` says why (lr-grid, grid, size-choice, frontier, lr-check)."""
+
+    family: str
+    size: int
+    budget: int
+    lr: float | None
+    seed: int
+    role: str
+
+    @property
+    def name(self) -> str:
+        return run_name(self.family, self.size, self.budget, self.lr, self.seed)
+
+
+@dataclass
+class FamilyChoice:
+    """What the rule chose for one family: a rate and a size per budget, and the numbers behind them."""
+
+    lr: list[float | None]
+    lr_grid: list[dict[str, float]]  # per budget the grid ran at: rate -> mean validation NE
+    best: list[int]
+    size_choice: list[dict[str, float]]  # per budget: finalist size -> mean validation NE
+    lr_check: dict[str, float] = field(default_factory=dict)  # rate -> validation NE at the largest budget
+
+
+Rule = Generator[list[Job], dict[str, float], FamilyChoice]
+
+
+def run_name(family: str, size: int, budget: int, lr: float | None, seed: int) -> str:
+    return f"{family}-s{size}-b{budget}-lr{'recipe' if lr is None else format(lr, 'g')}-seed{seed}"
+
+
+def nan_last(x: float) -> float:
+    return x if x == x else float("inf")
+
+
+def family_rule(cfg: Any, family: str, n_sizes: int) -> Rule:
+    """Steps 1-4 of the study for one family (``cfg``: an IsoflopConfig). Each ``yield`` is a batch of runs;
+    the answer is the validation NE of every finished run by name (at least this batch's)."""
+    n_budgets = len(cfg.budgets)
+    grid: list[float | None] = list(cfg.lr_grid) or [None]
+    grid_budgets = range(n_budgets if cfg.lr_budgets == "each" else 1)
+
+    def ne(size: int, b: int, lr: float | None, seed: int) -> float:
+        return answers[run_name(family, size, b, lr, seed)]
+
+    # 1. the learning rate: the grid on rung lr_size, at the smallest budget or at each
+    answers = yield [Job(family, cfg.lr_size, b, lr, seed, "lr-grid")
+                     for b in grid_budgets for lr in grid for seed in range(cfg.lr_seeds)]
+    chosen, lr_grid = [], []
+    for b in grid_budgets:
+        scores = {lr: float(np.mean([ne(cfg.lr_size, b, lr, s) for s in range(cfg.lr_seeds)])) for lr in grid}
+        chosen.append(min(grid, key=lambda lr: nan_last(scores[lr])))
+        lr_grid.append({("recipe" if lr is None else format(lr, "g")): v for lr, v in scores.items()})
+    lrs = chosen if len(chosen) == n_budgets else chosen * n_budgets
+    # 2. every size at every budget, seed 0, at the budget's rate
+    answers = yield [Job(family, i, b, lrs[b], 0, "grid") for b in range(n_budgets) for i in range(n_sizes)]
+    # 3. the size: seed 0's best, or the finalists' mean over size_seeds seeds; then the extra seeds there
+    keep = cfg.size_finalists if cfg.size_seeds > 1 else 1
+    finalists = [sorted(range(n_sizes), key=lambda i: nan_last(ne(i, b, lrs[b], 0)))[:keep]
+                 for b in range(n_budgets)]
+    answers = yield [Job(family, i, b, lrs[b], s, "size-choice") for b in range(n_budgets)
+                     for i in finalists[b] for s in range(cfg.size_seeds)]
+    best, size_choice = [], []
+    for b in range(n_budgets):
+        scores = {i: float(np.mean([ne(i, b, lrs[b], s) for s in range(cfg.size_seeds)]))
+                  for i in finalists[b]}
+        best.append(min(finalists[b], key=lambda i: nan_last(scores[i])))
+        size_choice.append({str(i): v for i, v in scores.items()})
+    answers = yield [Job(family, best[b], b, lrs[b], s, "frontier") for b in range(n_budgets)
+                     for s in range(1, cfg.seeds)]
+    choice = FamilyChoice(lrs, lr_grid, best, size_choice)
+    # 4. does the rate transfer? its grid neighbours at the largest budget's best size
+    if cfg.lr_check and cfg.lr_grid:
+        last = n_budgets - 1
+        grid_s = sorted(cfg.lr_grid)
+        j = grid_s.index(lrs[last])  # type: ignore[arg-type]
+        near = grid_s[max(j - 1, 0):j + 2]
+        answers = yield [Job(family, best[last], last, lr, 0, "lr-check") for lr in near]
+        choice.lr_check = {format(lr, "g"): ne(best[last], last, lr, 0) for lr in near}
+    return choice
+
+
+def run_rules(rules: dict[str, Rule], run: Callable[[Job], float], workers: int = 1,
+              cost: Callable[[Job], float] | None = None) -> dict[str, FamilyChoice]:
+    """Drive every family's rule to its end: ``run(job)`` trains (or reuses) one run and returns its
+    validation NE. One worker: in this thread, family after family, in the rule's order. More: ``workers``
+    threads (each ``run`` is expected to start its own process), the ready runs with the highest ``cost``
+    first; the first failure stops new runs, lets the running ones finish and is raised."""
+    answers: dict[str, float] = {}
+    choices: dict[str, FamilyChoice] = {}
+    batches: dict[str, list[Job]] = {}
+
+    def advance(fam: str, first: bool = False) -> None:
+        while True:  # skip empty batches (e.g. seeds = 1 asks for no extra seeds)
+            try:
+                batch = next(rules[fam]) if first else rules[fam].send(answers)
+            except StopIteration as stop:
+                choices[fam] = stop.value
+                batches.pop(fam, None)
+                return
+            first = False
+            if batch:
+                batches[fam] = batch
+                return
+
+    for fam in rules:
+        advance(fam, first=True)
+    if workers <= 1:
+        while batches:
+            fam = next(iter(batches))
+            for job in batches[fam]:
+                answers[job.name] = run(job)
+            advance(fam)
+        return choices
+    left: dict[str, int] = {}
+    queue: list[tuple[str, Job]] = []
+
+    def enqueue(fam: str) -> None:
+        left[fam] = len(batches[fam])
+        queue.extend((fam, job) for job in batches[fam])
+
+    for fam in list(batches):
+        enqueue(fam)
+    running: dict[Future[float], tuple[str, Job]] = {}
+    error: BaseException | None = None
+    with ThreadPoolExecutor(workers) as pool:
+        while queue or running:
+            if error is None:
+                queue.sort(key=lambda fj: -(cost(fj[1]) if cost else 0.0))
+                while queue and len(running) < workers:
+                    fam, job = queue.pop(0)
+                    running[pool.submit(run, job)] = (fam, job)
+            elif not running:
+                break
+            done, _ = wait(list(running), return_when=FIRST_COMPLETED)
+            for fut in done:
+                fam, job = running.pop(fut)
+                if fut.exception() is not None:
+                    error = error or fut.exception()
+                    continue
+                answers[job.name] = fut.result()
+                left[fam] -= 1
+                if left[fam] == 0 and error is None:
+                    advance(fam)
+                    if fam in batches:
+                        enqueue(fam)
+    if error is not None:
+        raise error
+    return choices

@@ -1,0 +1,139 @@
+"""The iso-FLOP study's rule as batches (bench/isoflop_rule.py) and the study with several workers."""
+
+import random
+import threading
+import time
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from opengem.bench.isoflop import IsoflopConfig, load_isoflop_config, run_study
+from opengem.bench.isoflop_rule import Job, family_rule, run_rules
+
+ISO_SMALL = Path(__file__).resolve().parents[1] / "configs" / "isoflop-small.toml"
+
+
+def fake_ne(job: Job) -> float:
+    """A made-up validation NE with a known optimum per budget: rate 1e-2 best at budget 0, 3e-3 above;
+    size 1 best at budget 0, size 2 above; seeds jitter it."""
+    best_lr = 1e-2 if job.budget == 0 else 3e-3
+    best_size = 1 if job.budget == 0 else 2
+    jitter = (zlib.crc32(job.name.encode()) % 1000 / 1000.0 - 0.5) * 1e-3
+    return (0.8 - 0.01 * job.budget + 0.02 * abs(np.log10(job.lr / best_lr))
+            + 0.01 * abs(job.size - best_size) + (0.005 if job.family == "dlrm" else 0.0) + jitter)
+
+
+def _cfg(**kw) -> IsoflopConfig:
+    cfg = IsoflopConfig(budgets=[1e8, 3e8, 1e9], seeds=3, lr_grid=[1e-3, 3e-3, 1e-2], lr_budgets="each",
+                        lr_seeds=2, size_seeds=2, size_finalists=2, lr_check=True)
+    for k, v in kw.items():
+        setattr(cfg, k, v)
+    return cfg
+
+
+def _drive(cfg: IsoflopConfig, workers: int, fail: str | None = None) -> tuple[dict, list[str]]:
+    done: dict[str, float] = {}
+    calls: list[str] = []
+    lock = threading.Lock()
+
+    def run(job: Job) -> float:
+        with lock:
+            calls.append(job.name)
+            if job.name in done:  # the study's run() answers a repeated request from its records
+                return done[job.name]
+        time.sleep(random.random() * 0.01 if workers > 1 else 0.0)  # finish in a shuffled order
+        if job.name == fail:
+            raise RuntimeError(f"{job.name} failed")
+        with lock:
+            done[job.name] = fake_ne(job)
+        return done[job.name]
+
+    rules = {fam: family_rule(cfg, fam, 3) for fam in ("gem", "dlrm")}
+    return run_rules(rules, run, workers, cost=lambda job: float(job.budget)), calls
+
+
+def test_rule_chooses_the_known_optimum_per_budget():
+    choice, calls = _drive(_cfg(), 1)
+    for fam in ("gem", "dlrm"):
+        c = choice[fam]
+        assert c.lr == [1e-2, 3e-3, 3e-3] and c.best == [1, 2, 2]
+        assert [set(g) for g in c.lr_grid] == [{"0.001", "0.003", "0.01"}] * 3
+        assert all(len(s) == 2 for s in c.size_choice)  # two finalists, each over two seeds
+        assert set(c.lr_check) == {"0.001", "0.003", "0.01"}  # the neighbours of 3e-3 at the largest budget
+    names = set(calls)
+    for fam in ("gem", "dlrm"):
+        for b, lr in enumerate([1e-2, 3e-3, 3e-3]):
+            assert all(f"{fam}-s0-b{b}-lr{g:g}-seed{s}" in names for g in (1e-3, 3e-3, 1e-2) for s in (0, 1))
+            assert all(f"{fam}-s{i}-b{b}-lr{lr:g}-seed0" in names for i in range(3))
+        assert f"{fam}-s2-b2-lr0.003-seed2" in names and f"{fam}-s0-b2-lr0.003-seed2" not in names
+    # one worker: each family's chain in the rule's order, family after family
+    last_gem = max(i for i, n in enumerate(calls) if n.startswith("gem"))
+    assert calls.index("dlrm-s0-b0-lr0.001-seed0") > last_gem
+
+
+def test_rule_smallest_budget_rate_and_one_seed():
+    cfg = _cfg(lr_budgets="smallest", lr_seeds=1, size_seeds=1, seeds=1, lr_check=False)
+    choice, calls = _drive(cfg, 1)
+    assert choice["gem"].lr == [1e-2] * 3 and len(choice["gem"].lr_grid) == 1
+    assert choice["gem"].best == [1, 2, 2]
+    assert not any(n.endswith("seed1") for n in calls)  # seeds = 1: no extra seeds, the empty batch skipped
+    assert choice["gem"].lr_check == {}
+
+
+def test_several_workers_choose_what_one_worker_does():
+    one, calls1 = _drive(_cfg(), 1)
+    four, calls4 = _drive(_cfg(), 4)
+    assert one == four
+    assert sorted(set(calls1)) == sorted(set(calls4))
+
+
+def test_a_failed_run_stops_the_study():
+    with pytest.raises(RuntimeError, match="gem-s1-b1-lr0.003-seed0 failed"):
+        _drive(_cfg(), 3, fail="gem-s1-b1-lr0.003-seed0")
+    with pytest.raises(RuntimeError, match="failed"):
+        _drive(_cfg(), 1, fail="dlrm-s0-b0-lr0.001-seed0")
+
+
+def test_study_with_two_workers_matches_one_worker(tmp_path):
+    """The same tiny study trained one run at a time in-process and two at a time in worker processes: the
+    same runs, the same validation NE per run, the same frontier; the workers' logs kept; a rerun reuses."""
+    import csv
+
+    over = ["budgets=[1.0e8, 4.0e8]", "seeds=2", "lr_grid=[]", "lr_check=false", "bootstrap=5", "min_steps=1"]
+    extra = ["data.sim.rows=8000", "data.eval_batch_size=4096"]
+    results = {}
+    for workers in (1, 2):
+        cfg = load_isoflop_config(ISO_SMALL, [*over, f"workers={workers}"], ["dlrm"])
+        cfg.families[0].sizes = cfg.families[0].sizes[:2]
+        data = tmp_path / "w1" / "data" if workers == 2 else None
+        results[workers] = run_study(cfg, tmp_path / f"w{workers}", data, run_overrides=extra,
+                                     log=lambda m: None)
+    a, b = results[1], results[2]
+    assert a["runs"] == b["runs"] == b["runs_trained_now"] == 2 * 2 + 2 * 1  # every size, then a seed
+    # the same choices; NE equal up to float noise (a fresh process's first run can differ in the 9th digit)
+    fa, fb = a["frontier"]["dlrm"], b["frontier"]["dlrm"]
+    assert [(p["size"], p["lr"], p["seeds"]) for p in fa] == [(p["size"], p["lr"], p["seeds"]) for p in fb]
+    assert [p["ne"] for p in fa] == pytest.approx([p["ne"] for p in fb], rel=1e-6)
+    assert a["lr"] == b["lr"]
+
+    def rows(d: Path) -> list[tuple[str, float]]:
+        with open(d / "isoflop_runs.csv") as f:
+            return [(r["name"], float(r["valid_ne"])) for r in csv.DictReader(f)]
+
+    ra, rb = rows(tmp_path / "w1"), rows(tmp_path / "w2")
+    assert [n for n, _ in ra] == [n for n, _ in rb]  # the same runs, in the same order
+    assert [v for _, v in ra] == pytest.approx([v for _, v in rb], rel=1e-6)
+    assert len(list((tmp_path / "w2" / "logs").glob("*.txt"))) == b["runs"]
+    cfg = load_isoflop_config(ISO_SMALL, [*over, "workers=2"], ["dlrm"])
+    cfg.families[0].sizes = cfg.families[0].sizes[:2]
+    again = run_study(cfg, tmp_path / "w2", tmp_path / "w1" / "data", run_overrides=extra, log=lambda m: None)
+    assert again["runs_trained_now"] == 0
+
+
+def test_workers_config_checked():
+    from opengem.config import ConfigError
+
+    with pytest.raises(ConfigError, match="workers"):
+        load_isoflop_config(ISO_SMALL, ["workers=0"])
