@@ -116,7 +116,8 @@ def test_study_with_two_workers_matches_one_worker(tmp_path):
     fa, fb = a["frontier"]["dlrm"], b["frontier"]["dlrm"]
     assert [(p["size"], p["lr"], p["seeds"]) for p in fa] == [(p["size"], p["lr"], p["seeds"]) for p in fb]
     assert [p["ne"] for p in fa] == pytest.approx([p["ne"] for p in fb], rel=1e-6)
-    assert a["lr"] == b["lr"]
+    assert a["lr"]["chosen"] == b["lr"]["chosen"]
+    assert a["lr"]["grid"]["dlrm"] == pytest.approx(b["lr"]["grid"]["dlrm"], rel=1e-6)
 
     def rows(d: Path) -> list[tuple[str, float]]:
         with open(d / "isoflop_runs.csv") as f:
