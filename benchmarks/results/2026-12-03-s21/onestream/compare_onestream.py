@@ -2,14 +2,14 @@
 
     python compare_onestream.py score OUT/isoflop.json WHOLE_DIR        # each frontier run's whole test day
     python compare_onestream.py score-runs WHOLE_DIR RUN_DIR...          # the same, for the runs named
-    python compare_onestream.py report OUT/isoflop.json WHOLE_DIR DATA > compare_onestream.txt
+    python compare_onestream.py report OUT/isoflop.json WHOLE_DIR DATA [PNG] > compare_onestream.txt
 
 ``score`` evaluates every frontier run (each budget's chosen size and rate, all its seeds) on the whole test
 day (day 7, 800,000 rows) into WHOLE_DIR/NAME.json (skipping those done). ``report``: per budget and family
 the size, rate and test NE (mean of pooled click and conversion NE) ± 95 % t on both, GEM minus each baseline
 (95 % Welch), the fitted laws and the compute each baseline needs to reach GEM's NE at the largest budget
 (bootstrap over seeds; the oracle NE of the whole test day as the floor), and the share of the DLRM -> oracle
-gap GEM closes at each budget, on the whole day. Plot: frontier_whole_day.png.
+gap GEM closes at each budget, on the whole day. Plot: PNG (default frontier_whole_day.png here).
 """
 import json
 import sys
@@ -58,7 +58,7 @@ def score(study_json: Path, whole: Path) -> None:
     score_runs(whole, [d for cell in pts for _, runs in cell for d in runs])
 
 
-def report(study_json: Path, whole: Path, data: Path) -> None:
+def report(study_json: Path, whole: Path, data: Path, png: Path) -> None:
     from opengem.bench.scaling_plot import plot_isoflop
     from opengem.bench.size_ladder import oracle_with_totals
 
@@ -96,8 +96,7 @@ def report(study_json: Path, whole: Path, data: Path) -> None:
             plotted = {f: [dict(zip(("train_flops", "ne", "ne_ci95"), (c, *mean_ci(n)))) for c, n in p]
                        for f, p in points.items()}
             laws = {f: law.to_dict() for f, law in fits.items() if law}
-            plot_isoflop({"frontier": plotted, "fits": laws, "oracle_ne": floor, "metric": "tasks"}, [],
-                         Path(__file__).parent / "frontier_whole_day.png")
+            plot_isoflop({"frontier": plotted, "fits": laws, "oracle_ne": floor, "metric": "tasks"}, [], png)
     print(f"\nwhole test day: oracle NE {floor:.4f}; share of the DLRM -> oracle gap GEM closes:")
     for b, budget in enumerate(budgets):
         g, d = float(np.mean(day_ne["gem"][b])), float(np.mean(day_ne["dlrm"][b]))
@@ -111,4 +110,5 @@ if __name__ == "__main__":
     elif mode == "score":
         score(study_json, whole)
     else:
-        report(study_json, whole, Path(sys.argv[4]))
+        png = Path(sys.argv[5]) if len(sys.argv) > 5 else Path(__file__).parent / "frontier_whole_day.png"
+        report(study_json, whole, Path(sys.argv[4]), png)
