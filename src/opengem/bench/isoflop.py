@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from opengem.bench.isoflop_rule import Job, family_rule, nan_last, run_name, run_rules
+from opengem.bench.isoflop_rule import Job, family_rule, run_name, run_rules
 from opengem.bench.size_ladder import FamilySweep, size_overrides
 from opengem.config import ConfigError, load_config, save_config, to_dict
 from opengem.data.commit import atomic_write_text
@@ -278,7 +278,8 @@ class Study:
         return rc
 
 
-def _config_sha256(rc: Any) -> str:
+def config_sha256(rc: Any) -> str:
+    """The identity of a resolved run config: a run's result is reused only under the same one."""
     return hashlib.sha256(json.dumps(to_dict(rc), sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -294,7 +295,7 @@ def finished_run(rc: Any, run_dir: Path, test_spec: str, eval_rows: int = 0, cal
     if not done.exists():
         return None
     rec = json.loads(done.read_text())
-    want = (_config_sha256(rc), test_spec, _eval_batches(rc, eval_rows), calibrate)
+    want = (config_sha256(rc), test_spec, _eval_batches(rc, eval_rows), calibrate)
     got = (rec.get("config_sha256"), rec.get("test_spec"), rec.get("eval_batches"),
            rec.get("calibrate", "none"))
     return rec if got == want else None
@@ -312,7 +313,7 @@ def train_and_test(rc: Any, run_dir: Path, test_spec: str, eval_rows: int = 0, c
     rec = finished_run(rc, run_dir, test_spec, eval_rows, calibrate)
     if rec is not None:
         return rec, False
-    ident = _config_sha256(rc)
+    ident = config_sha256(rc)
     done = run_dir / "result.json"
     max_batches = _eval_batches(rc, eval_rows)
     test_raw = None
@@ -522,7 +523,7 @@ def _record_order(r: dict[str, Any], families: list[str]) -> tuple[Any, ...]:
     """Records in the rule's order whatever order they finished in: by first role, budget, family, size,
     rate, seed; so that isoflop_runs.csv is the same with one worker or several."""
     first = min(_ROLES.index(x) for x in r["roles"])
-    return (first, r["budget"], families.index(r["family"]), r["size"], nan_last(r["lr"] or 0.0), r["seed"])
+    return (first, r["budget"], families.index(r["family"]), r["size"], r["lr"] or 0.0, r["seed"])
 
 
 def _train_in_process_of_its_own(out: Path, st: Study, job: Job, run_dir: Path) -> dict[str, Any]:

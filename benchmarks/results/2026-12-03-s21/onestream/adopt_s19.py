@@ -10,29 +10,20 @@ metrics (``eqcheck.txt``).
 
     python adopt_s19.py STUDY_TOML OUT DATA [OVERRIDE...]
 """
-import hashlib
 import json
-import re
 import sys
 import tomllib
-from pathlib import Path
 
-from opengem.bench.isoflop import _batch_size, load_isoflop_config, plan_grid, prepare_study
+from verify_reuse import study_runs
+
+from opengem.bench.isoflop import config_sha256
 from opengem.config import flatten_dict, to_dict
 
 NEW_KEYS = {"model.gem.cross_layers": 0, "model.gem.cross_rank": 0}
-cfg = load_isoflop_config(sys.argv[1])
-out, data = Path(sys.argv[2]), sys.argv[3]
-st = prepare_study(cfg, out, data, sys.argv[4:], lambda m: None)
-plan = plan_grid(cfg.budgets, st.fwd, _batch_size(st), st.train_rows, cfg.min_steps, cfg.max_epochs)
-cell = {(p.family, p.size, p.budget): p for p in plan}
-fams = {f.name: f for f in cfg.families}
-for d in sorted((out / "runs").iterdir()):
-    m = re.fullmatch(r"(\w+)-s(\d+)-b(\d+)-lr([\d.e-]+)-seed(\d+)", d.name)
-    fam, size, b, lr, seed = m.group(1), int(m.group(2)), int(m.group(3)), float(m.group(4)), int(m.group(5))
-    rc = st.run_config(fams[fam], size, cell[(fam, size, b)].steps, lr, seed)
+_cfg, _st, runs = study_runs(sys.argv[1:])
+for d, rc in runs:
     want = to_dict(rc)
-    ident = hashlib.sha256(json.dumps(want, sort_keys=True, default=str).encode()).hexdigest()
+    ident = config_sha256(rc)
     res = d / "result.json"
     rec = json.loads(res.read_text())
     if rec.get("config_sha256") == ident:

@@ -12,19 +12,18 @@ import os
 import sys
 from pathlib import Path
 
+from compare_onestream import FAMILIES, cells
+
 from opengem.bench.fit import mean_ci
-from opengem.bench.isoflop import run_name, selection_ne
+from opengem.bench.isoflop import selection_ne
 from opengem.bench.isoflop_report import format_difference, welch_difference
 
 TEST = "day=007"
-FAMILIES = ("gem", "dcnv2", "dlrm")
 
 
 def frontier(study_json: Path) -> list[tuple[int, str, list[Path]]]:
-    study = json.loads(study_json.read_text())
-    runs = study_json.parent / "runs"
-    return [(b, f, [runs / run_name(f, p["size"], b, p["lr"], s) for s in range(p["seeds"])])
-            for f in FAMILIES for b, p in enumerate(study["frontier"][f])]
+    return [(b, f, runs) for f, pts in cells(json.loads(study_json.read_text()), study_json.parent).items()
+            for b, (_, runs) in enumerate(pts)]
 
 
 def run_one(out: Path, d: Path) -> None:
