@@ -388,6 +388,55 @@ def test_isoflop_size_chosen_on_several_seeds(tmp_path):
         load_isoflop_config(ISO_SMALL, ["size_seeds=0"])
 
 
+def test_isoflop_frontier_scored_again_on_more_test_rows(tmp_path):
+    """frontier_test_rows = 0: the rule chooses exactly as before (validation only), and then every frontier
+    run, and only those, is scored on the whole test day from its checkpoint; the frontier's NE is that one,
+    equal to `opengem evaluate` of the run; the runs' own slice is kept beside; a rerun reuses the cache."""
+    import json
+
+    from opengem.bench.isoflop import load_isoflop_config, run_study
+    from opengem.bench.isoflop_report import format_study
+    from opengem.train.evaluate import evaluate_run
+
+    base = ["budgets=[1.0e8, 4.0e8]", "seeds=2", "lr_grid=[]", "lr_check=false", "bootstrap=5", "min_steps=2",
+            "eval_rows=1024"]
+    extra = ["data.sim.rows=16000", "data.eval_batch_size=512"]
+    cfg = load_isoflop_config(ISO_SMALL, base, ["dlrm"])
+    cfg.families[0].sizes = cfg.families[0].sizes[:2]
+    plain = run_study(cfg, tmp_path, run_overrides=extra, log=lambda m: None)
+    assert all(p["test_rows"] == "eval_rows" and p["ne_own_test"] is None for p in plain["frontier"]["dlrm"])
+    cfg.frontier_test_rows = 0
+    logs: list[str] = []
+    res = run_study(cfg, tmp_path, run_overrides=extra, log=logs.append)
+    assert res["runs_trained_now"] == 0  # the rescoring is not part of a run's identity
+    day = 16000 // 8
+    scored = sorted(p.name for p in (tmp_path / "runs").iterdir() if (p / "frontier_test.json").exists())
+    for b, (p, q) in enumerate(zip(res["frontier"]["dlrm"], plain["frontier"]["dlrm"])):
+        assert (p["size"], p["lr"], p["seeds"]) == (q["size"], q["lr"], q["seeds"])  # the same choice
+        assert p["test_rows"] == day and p["ne_own_test"] == q["ne_seeds"]
+        names = [n for n in scored if f"-s{p['size']}-b{b}-" in n]
+        assert len(names) == 2
+        for seed, name in enumerate(names):
+            ev = evaluate_run(tmp_path / "runs" / name, partitions="day=007", write=False)
+            assert ev["rows"] == day
+            want = np.mean([ev["metrics"][k]["ne"] for k in ("all/click", "all/conversion")])
+            assert p["ne_seeds"][seed] == pytest.approx(want, rel=1e-6)
+        assert p["ne_seeds"] != q["ne_seeds"]  # 2,000 rows, not the first 1,024
+    assert len(scored) == 2 * 2  # the frontier runs only
+    assert "frontier runs scored again on 2,000 test rows" in format_study(res)
+    assert any("4 frontier runs scored" in m for m in logs)
+    stamp = {n: (tmp_path / "runs" / n / "frontier_test.json").stat().st_mtime_ns for n in scored}
+    again = run_study(cfg, tmp_path, run_overrides=extra, log=lambda m: None)
+    assert {n: (tmp_path / "runs" / n / "frontier_test.json").stat().st_mtime_ns for n in scored} == stamp
+    assert again["frontier"]["dlrm"][1]["ne_seeds"] == res["frontier"]["dlrm"][1]["ne_seeds"]
+    cfg.frontier_test_rows = 600  # whole eval batches: 2 x 512
+    first = run_study(cfg, tmp_path, run_overrides=extra, log=lambda m: None)
+    assert {p["test_rows"] for p in first["frontier"]["dlrm"]} == {1024}
+    assert json.loads((tmp_path / "runs" / scored[0] / "frontier_test.json").read_text())["rows"] == 600
+    with pytest.raises(ConfigError, match="frontier_test_rows"):
+        load_isoflop_config(ISO_SMALL, ["frontier_test_rows=-2"])
+
+
 def test_isoflop_runs_calibrated_on_validation(tmp_path):
     """calibrate = platt: each run's calibration is fitted on its validation rows, test is scored through it
     (the raw test metrics kept beside), and RUN/calibration.json makes `opengem evaluate` score the same."""

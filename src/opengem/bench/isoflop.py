@@ -22,6 +22,9 @@ Steps, in order (each run's result is OUT/runs/<name>/result.json; a killed stud
    1 .. size_seeds-1 and the lowest mean validation NE over seeds 0 .. size_seeds-1 is the budget's size
    (session 19: a 0.0008 seed-0 difference chose between two sizes whose five-seed validation means tied and
    whose test NE differed by 0.0095).
+4. with ``frontier_test_rows`` >= 0, the frontier runs (each budget's size and rate, every seed) are scored
+   again on that many test rows (0 = the whole test day) from their checkpoints: the rule has chosen by then,
+   so more test rows narrow the frontier's intervals without touching a choice.
 The summary (bench/isoflop_report.py) turns the runs into the frontier, fitted laws, efficiency ratios.
 
 Each family's rule is a chain of batches of runs that do not depend on one another (the grid's rates, a
@@ -82,6 +85,11 @@ class IsoflopConfig:
     # rows and report test calibrated (the uncalibrated test metrics stay in result.json as
     # test_uncalibrated; validation, which chooses rates and sizes, is the model's own)
     calibrate: str = "none"
+    # the frontier's test NE: -1 = each run's own test rows (eval_rows); 0 = the whole test day; N = its
+    # first N rows (whole eval batches). Only the frontier runs (each budget's chosen size and rate, every
+    # seed) are scored again, from their final checkpoints once the rule has chosen them; the rule never
+    # sees these numbers. The test slice's own noise moved cells by up to 0.003 NE (session 21)
+    frontier_test_rows: int = -1
     min_steps: int = 8  # refuse a plan in which some run gets fewer optimizer steps than this
     max_epochs: float = 1.0  # refuse a plan in which some run reads the training days more often
     # runs trained at once, each in its own process (set train.threads so that workers x threads fits the
@@ -153,6 +161,8 @@ def validate_isoflop(cfg: IsoflopConfig, where: str = "isoflop") -> None:
     need(cfg.workers >= 1, f"workers must be >= 1 (got {cfg.workers})")
     need(cfg.bootstrap >= 0 and cfg.min_steps >= 1 and cfg.max_epochs > 0 and cfg.eval_rows >= 0,
          "bootstrap >= 0, min_steps >= 1, max_epochs > 0 and eval_rows >= 0")
+    need(cfg.frontier_test_rows >= -1, f"frontier_test_rows: -1 (off), 0 (all) or a row count "
+         f"(got {cfg.frontier_test_rows})")
 
 
 # --------------------------------------------------------------------------- the plan (pure arithmetic)
@@ -336,6 +346,35 @@ def train_and_test(rc: Any, run_dir: Path, test_spec: str, eval_rows: int = 0, c
     return rec, True
 
 
+def frontier_test(run_dir: Path, test_spec: str, rows: int, threads: int = 1) -> dict[str, Any]:
+    """A finished run's test metrics on the first ``rows`` rows of ``test_spec`` (0 = all), from its final
+    checkpoint (calibrated as ``opengem evaluate`` would), cached in RUN/frontier_test.json for the run's
+    result.json (its config_sha256), the spec and the rows."""
+    import torch
+
+    from opengem.train.data import make_loader
+    from opengem.train.evaluate import evaluate_model, open_run
+
+    done, cache = json.loads((run_dir / "result.json").read_text()), run_dir / "frontier_test.json"
+    key = {"config_sha256": done.get("config_sha256"), "test_spec": test_spec, "rows": rows}
+    if cache.exists():
+        got = json.loads(cache.read_text())
+        if {k: got.get(k) for k in key} == key:
+            return got
+    before = torch.get_num_threads()
+    torch.set_num_threads(max(1, threads))
+    try:
+        with open_run(run_dir) as r:
+            batches = _eval_batches(r.cfg, rows)
+            res = evaluate_model(r.model, make_loader(r.ds, test_spec, r.cfg.data, train=False), r.ds.schema,
+                                 r.device, max_batches=batches)
+    finally:
+        torch.set_num_threads(before)
+    out = {**key, "eval_batches": batches, "rows_scored": res["rows"], "metrics": res["metrics"]}
+    atomic_write_text(cache, json.dumps(out, indent=2))
+    return out
+
+
 def _calibrate(tr: Any, run_dir: Path, method: str, max_batches: int) -> None:
     """Fit the trained model's calibration on its validation rows, fold it in, and write RUN/calibration.json
     for the run's final checkpoint, so that ``opengem evaluate`` of the run scores as the study does."""
@@ -474,11 +513,31 @@ def run_study(cfg: IsoflopConfig, out: str | Path, data_dir: str | Path | None =
     best = {fam: choice[fam].best for fam in fams}
     size_choice = {fam: choice[fam].size_choice for fam in fams}
     lr_check = {fam: choice[fam].lr_check for fam in fams if choice[fam].lr_check}
-    result = summarize_study(cfg, st, records, lr_choice, lr_grid_res, lr_check, best, plan, size_choice)
+    rescored = _score_frontier(cfg, st, out, best, lr_choice, log)
+    result = summarize_study(cfg, st, records, lr_choice, lr_grid_res, lr_check, best, plan, size_choice,
+                             rescored)
     result["elapsed_s"] = time.perf_counter() - t_start
     result["runs_trained_now"] = counter[0]
     write_study_outputs(out, records, result)
     return result
+
+
+def _score_frontier(cfg: IsoflopConfig, st: Study, out: Path, best: dict[str, list[int]],
+                    lr_choice: dict[str, list[Any]], log: Callable[[str], None]) -> dict[str, dict[str, Any]]:
+    """``frontier_test_rows`` >= 0: every frontier run's test metrics on those rows, by run name."""
+    if cfg.frontier_test_rows < 0:
+        return {}
+    t0, rescored = time.perf_counter(), {}
+    for fam, sizes in best.items():
+        for b, size in enumerate(sizes):
+            for seed in range(cfg.seeds):
+                name = run_name(fam, size, b, lr_choice[fam][b], seed)
+                rescored[name] = frontier_test(out / "runs" / name, st.test_spec, cfg.frontier_test_rows,
+                                               cfg.workers)
+    rows = {r["rows_scored"] for r in rescored.values()}
+    log(f"isoflop: {len(rescored)} frontier runs scored on {'/'.join(map(str, sorted(rows)))} test rows "
+        f"in {time.perf_counter() - t0:.1f}s")
+    return rescored
 
 
 def train_cell(cfg: IsoflopConfig, out: str | Path, data_dir: str | Path | None, family: str, size: int,

@@ -65,7 +65,11 @@ def efficiency_ratio(base: PowerLaw | None, target_ne: float, c: float) -> float
 def summarize_study(cfg: Any, st: Any, records: list[dict[str, Any]], lr_choice: dict[str, list[Any]],
                     lr_grid: dict[str, list[dict[str, float]]], lr_check: dict[str, dict[str, float]],
                     best: dict[str, list[int]], plan: list[Any],
-                    size_choice: dict[str, list[dict[str, float]]] | None = None) -> dict[str, Any]:
+                    size_choice: dict[str, list[dict[str, float]]] | None = None,
+                    rescored: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The frontier, laws, efficiency ratios and differences from the runs; a frontier run named in
+    ``rescored`` (``frontier_test_rows``) is scored by those test metrics instead of its own."""
+    from opengem.bench.isoflop import selection_ne
     from opengem.bench.size_ladder import oracle_with_totals
     from opengem.data.dataset import Dataset
 
@@ -78,6 +82,11 @@ def summarize_study(cfg: Any, st: Any, records: list[dict[str, Any]], lr_choice:
     if oracle_keys and all(k in oracle_keys for k in mk):
         floor = float(np.mean([oracle_keys[k] for k in mk]))
 
+    rescored = rescored or {}
+
+    def test_of(r: dict[str, Any]) -> dict[str, Any]:
+        return rescored[r["name"]]["metrics"] if r["name"] in rescored else r["test"]
+
     frontier: dict[str, list[dict[str, Any]]] = {}
     seeds_ne: dict[str, list[list[float]]] = {}
     curves: dict[str, list[list[dict[str, Any]]]] = {}
@@ -87,12 +96,12 @@ def summarize_study(cfg: Any, st: Any, records: list[dict[str, Any]], lr_choice:
             at = [r for r in records if r["family"] == fam and r["budget"] == b and r["size"] == size
                   and r["lr"] == lr_choice[fam][b]]
             at.sort(key=lambda r: r["seed"])
-            nes = [r["test_ne"] for r in at]
+            nes = [selection_ne(test_of(r), cfg.metric) for r in at]
             mean, half = mean_ci(nes)
             first = at[0]
             per_key = {}
             for k in keys:
-                vals = [r["test"][k]["ne"] for r in at if r["test"].get(k, {}).get("ne") is not None]
+                vals = [test_of(r)[k]["ne"] for r in at if test_of(r).get(k, {}).get("ne") is not None]
                 if len(vals) == len(at):
                     per_key[k] = float(np.mean(vals))
             frontier[fam].append({
@@ -100,7 +109,10 @@ def summarize_study(cfg: Any, st: Any, records: list[dict[str, Any]], lr_choice:
                 "size": size, "overrides": first["overrides"], "fwd_flops": first["fwd_flops"],
                 "examples": first["examples"], "dense_params": first["dense_params"], "lr": lr_choice[fam][b],
                 "seeds": len(at), "ne": mean, "ne_ci95": half, "ne_seeds": nes, "valid_ne": first["valid_ne"],
-                "ne_per_key": per_key, "calibration": calibration_summary([r["test"] for r in at])})
+                "ne_per_key": per_key, "calibration": calibration_summary([test_of(r) for r in at]),
+                "test_rows": (rescored[first["name"]]["rows_scored"] if first["name"] in rescored
+                              else "eval_rows"),
+                "ne_own_test": [r["test_ne"] for r in at] if rescored else None})
             seeds_ne[fam].append(nes)
             pts = sorted((r for r in records if r["family"] == fam and r["budget"] == b and r["seed"] == 0
                           and r["lr"] == lr_choice[fam][b]), key=lambda r: r["size"])
@@ -289,6 +301,14 @@ def _fmt(x: Any, spec: str = ".4f") -> str:
     return format(x, spec)
 
 
+def _frontier_rows_note(res: dict[str, Any]) -> str:
+    rows = sorted({p.get("test_rows") for fr in res["frontier"].values() for p in fr} - {None, "eval_rows"})
+    if not rows:
+        return ""
+    return ("; frontier runs scored again on " + "/".join(f"{r:,}" for r in rows) + " test rows "
+            "(frontier_test_rows; the rule chose on validation only)")
+
+
 def format_study(res: dict[str, Any]) -> str:
     """The printed report: lr choice, frontier (NE +- CI, calibration), laws, efficiency ratios."""
     lines = [f"NE metric: {res['metric']} ({', '.join(res['metric_keys'])}) on the test day "
@@ -324,7 +344,7 @@ def format_study(res: dict[str, Any]) -> str:
     lines += ["", "frontier (best size per budget by validation NE; NE mean over seeds with 95 % t interval; "
               "cal = mean prediction / observed rate; gap = share of the DLRM->oracle NE gap closed"
               + (f"; test scored through each run's {calibrated} calibration fitted on its validation rows"
-                 if calibrated != "none" else "") + ")",
+                 if calibrated != "none" else "") + _frontier_rows_note(res) + ")",
               head, "-" * len(head)]
     for fam, fr in res["frontier"].items():
         for b, p in enumerate(fr):
