@@ -464,6 +464,28 @@ def test_isoflop_runs_calibrated_on_validation(tmp_path):
         for k in ("all/click", "all/conversion"):
             assert ev["metrics"][k]["ne"] == pytest.approx(rec["test"][k]["ne"], rel=1e-5)
             assert ev["metrics"][k]["calibration"] == pytest.approx(rec["test"][k]["calibration"], rel=1e-5)
+    # the same study trained uncalibrated, then switched to platt: nothing retrained, every run calibrated
+    # from its checkpoint, and the same numbers as calibrating right after training
+    late = tmp_path / "late"
+    cfg.calibrate = "none"
+    raw = run_study(cfg, late, run_overrides=["data.sim.rows=40000", "data.eval_batch_size=4096"],
+                    data_dir=tmp_path / "data", log=lambda m: None)
+    assert raw["runs_trained_now"] == 2 and not (late / "runs" / run.name / "calibration.json").exists()
+    cfg.calibrate = "platt"
+    upgraded = run_study(cfg, late, run_overrides=["data.sim.rows=40000", "data.eval_batch_size=4096"],
+                         data_dir=tmp_path / "data", log=lambda m: None)
+    assert upgraded["runs_trained_now"] == 0 and upgraded["calibrate"] == "platt"
+    for run in sorted((tmp_path / "runs").iterdir()):
+        now = json.loads((run / "result.json").read_text())
+        then = json.loads((late / "runs" / run.name / "result.json").read_text())
+        assert then["calibrated_after_training"] and then["valid"] == now["valid"]
+        for k in ("all/click", "all/conversion"):
+            raw_ne = now["test_uncalibrated"][k]["ne"]
+            assert then["test_uncalibrated"][k]["ne"] == pytest.approx(raw_ne, rel=1e-6)
+            assert then["test"][k]["ne"] == pytest.approx(now["test"][k]["ne"], rel=1e-5)
+            assert then["test"][k]["calibration"] == pytest.approx(now["test"][k]["calibration"], rel=1e-5)
+    assert run_study(cfg, late, run_overrides=["data.sim.rows=40000", "data.eval_batch_size=4096"],
+                     data_dir=tmp_path / "data", log=lambda m: None)["runs_trained_now"] == 0
     with pytest.raises(ConfigError, match="calibrate"):
         load_isoflop_config(ISO_SMALL, ["calibrate=isotonic"])
 

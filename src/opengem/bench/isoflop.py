@@ -320,7 +320,8 @@ def train_and_test(rc: Any, run_dir: Path, test_spec: str, eval_rows: int = 0, c
     evaluation. Returns (record, trained now)."""
     from opengem.train.trainer import Trainer
 
-    rec = finished_run(rc, run_dir, test_spec, eval_rows, calibrate)
+    rec = finished_run(rc, run_dir, test_spec, eval_rows, calibrate) or \
+        calibrate_finished_run(rc, run_dir, test_spec, eval_rows, calibrate)
     if rec is not None:
         return rec, False
     ident = config_sha256(rc)
@@ -356,7 +357,8 @@ def frontier_test(run_dir: Path, test_spec: str, rows: int, threads: int = 1) ->
     from opengem.train.evaluate import evaluate_model, open_run
 
     done, cache = json.loads((run_dir / "result.json").read_text()), run_dir / "frontier_test.json"
-    key = {"config_sha256": done.get("config_sha256"), "test_spec": test_spec, "rows": rows}
+    key = {"config_sha256": done.get("config_sha256"), "calibrate": done.get("calibrate", "none"),
+           "test_spec": test_spec, "rows": rows}
     if cache.exists():
         got = json.loads(cache.read_text())
         if {k: got.get(k) for k in key} == key:
@@ -375,9 +377,37 @@ def frontier_test(run_dir: Path, test_spec: str, rows: int, threads: int = 1) ->
     return out
 
 
+def calibrate_finished_run(rc: Any, run_dir: Path, test_spec: str, eval_rows: int, calibrate: str
+                           ) -> dict[str, Any] | None:
+    """A run finished uncalibrated for the identical resolved config and evaluation, calibrated now from its
+    final checkpoint as ``train_and_test`` would have right after training (fit on the same validation rows,
+    test scored through it, the raw test kept as ``test_uncalibrated``); None when there is no such run.
+    Validation, which chose the rates and sizes, is the model's own either way, so a finished study switched
+    to ``calibrate`` = platt | offset rescores its test without retraining anything."""
+    from opengem.train.data import make_loader
+    from opengem.train.evaluate import evaluate_model, open_run
+
+    done = run_dir / "result.json"
+    if calibrate == "none" or not done.exists():
+        return None
+    rec = json.loads(done.read_text())
+    max_batches = _eval_batches(rc, eval_rows)
+    if (rec.get("config_sha256"), rec.get("test_spec"), rec.get("eval_batches"), rec.get("calibrate", "none")
+            ) != (config_sha256(rc), test_spec, max_batches, "none"):
+        return None
+    with open_run(run_dir, calibrated=False) as r:
+        _calibrate(r, run_dir, calibrate, max_batches)
+        test = evaluate_model(r.model, make_loader(r.ds, test_spec, r.cfg.data, train=False), r.ds.schema,
+                              r.device, max_batches=max_batches)["metrics"]
+    rec.update(calibrate=calibrate, test_uncalibrated=rec["test"], test=test, calibrated_after_training=True)
+    atomic_write_text(done, json.dumps(rec, indent=2))
+    return rec
+
+
 def _calibrate(tr: Any, run_dir: Path, method: str, max_batches: int) -> None:
     """Fit the trained model's calibration on its validation rows, fold it in, and write RUN/calibration.json
-    for the run's final checkpoint, so that ``opengem evaluate`` of the run scores as the study does."""
+    for the run's final checkpoint, so that ``opengem evaluate`` of the run scores as the study does. ``tr``:
+    the Trainer that just trained it, or the run opened from that checkpoint (``evaluate.open_run``)."""
     from opengem.train.calibrate import MIN_POSITIVES, calibrate_model, write_calibration
     from opengem.train.data import make_loader
     from opengem.train.evaluate import run_checkpoint
@@ -486,6 +516,7 @@ def run_study(cfg: IsoflopConfig, out: str | Path, data_dir: str | Path | None =
                 if finished_run(rc, run_dir, st.test_spec, cfg.eval_rows, cfg.calibrate) is None:
                     raise TrainError(f"isoflop: run {job.name} wrote a result for another config than the "
                                      f"study's ({run_dir / 'result.json'})")
+                trained = not rec.get("calibrated_after_training")
         else:
             rec, trained = train_and_test(rc, run_dir, st.test_spec, cfg.eval_rows, cfg.calibrate)
         row = {"name": job.name, "family": job.family, "model": fams[job.family].model or job.family,
