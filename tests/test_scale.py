@@ -437,6 +437,52 @@ def test_isoflop_frontier_scored_again_on_more_test_rows(tmp_path):
         load_isoflop_config(ISO_SMALL, ["frontier_test_rows=-2"])
 
 
+def test_isoflop_frontier_calibration_refitted_on_the_whole_validation_day(tmp_path):
+    """frontier_calibration_rows = 0: a calibrated study's frontier runs are rescored through a calibration
+    fitted now on the whole validation day, the same as `opengem calibrate` then `opengem evaluate` of the
+    run; -1 keeps each run's own fit (made on its eval_rows validation rows)."""
+    import json
+
+    from opengem.bench.isoflop import load_isoflop_config, run_study
+    from opengem.bench.isoflop_report import format_study
+    from opengem.train.calibrate import calibrate_run
+    from opengem.train.evaluate import evaluate_run
+
+    cfg = load_isoflop_config(ISO_SMALL, ["budgets=[1.0e8, 4.0e8]", "seeds=1", "lr_grid=[]", "lr_check=false",
+                                          "bootstrap=5", "min_steps=2", "calibrate=platt", "eval_rows=1024",
+                                          "frontier_test_rows=0"], ["dlrm"])
+    cfg.families[0].sizes = cfg.families[0].sizes[:1]
+    extra = ["data.sim.rows=40000", "data.eval_batch_size=1024"]
+    own = run_study(cfg, tmp_path, run_overrides=extra, log=lambda m: None)
+    assert all(p["calibration_fit_rows"] is None for p in own["frontier"]["dlrm"])
+    cfg.frontier_calibration_rows = 0
+    refit = run_study(cfg, tmp_path, run_overrides=extra, log=lambda m: None)
+    assert refit["runs_trained_now"] == 0
+    assert "their calibration refitted on 5,000 validation rows" in format_study(refit)
+    for b, (p, q) in enumerate(zip(refit["frontier"]["dlrm"], own["frontier"]["dlrm"])):
+        assert p["calibration_fit_rows"] == 5000 and p["test_rows"] == 5000
+        assert p["ne_seeds"] != q["ne_seeds"]  # 5,000 validation rows fit another calibration than 1,024
+        run = tmp_path / "runs" / f"dlrm-s0-b{b}-lrrecipe-seed0"
+        run = run if run.exists() else next((tmp_path / "runs").glob(f"dlrm-s0-b{b}-*-seed0"))
+        own_fit = (run / "calibration.json").read_text()
+        calibrate_run(run, method="platt")  # opengem calibrate: data.eval, the whole validation day
+        ev = evaluate_run(run, partitions="day=007", write=False)
+        (run / "calibration.json").write_text(own_fit)  # the run's own fit back, as the study wrote it
+        want = np.mean([ev["metrics"][k]["ne"] for k in ("all/click", "all/conversion")])
+        assert p["ne_seeds"][0] == pytest.approx(want, rel=1e-5)
+        assert p["calibration"]["pooled"]["all/click"] == pytest.approx(
+            ev["metrics"]["all/click"]["calibration"], rel=1e-5)
+    cfg.frontier_calibration_rows = -1  # back to each run's own fit: scored again, not the refit's cache
+    back = run_study(cfg, tmp_path, run_overrides=extra, log=lambda m: None)
+    assert [p["ne_seeds"] for p in back["frontier"]["dlrm"]] == \
+        [q["ne_seeds"] for q in own["frontier"]["dlrm"]]
+    # (and they are rescored: the refit's cache says calibration_rows, which -1 never reuses)
+    assert all("calibration_rows" not in json.loads(f.read_text())
+               for f in (tmp_path / "runs").glob("*/frontier_test.json"))
+    with pytest.raises(ConfigError, match="frontier_calibration_rows"):
+        load_isoflop_config(ISO_SMALL, ["frontier_calibration_rows=-3"])
+
+
 def test_isoflop_runs_calibrated_on_validation(tmp_path):
     """calibrate = platt: each run's calibration is fitted on its validation rows, test is scored through it
     (the raw test metrics kept beside), and RUN/calibration.json makes `opengem evaluate` score the same."""

@@ -90,6 +90,10 @@ class IsoflopConfig:
     # seed) are scored again, from their final checkpoints once the rule has chosen them; the rule never
     # sees these numbers. The test slice's own noise moved cells by up to 0.003 NE (session 21)
     frontier_test_rows: int = -1
+    # with calibrate = platt | offset and frontier_test_rows >= 0: -1 = the frontier runs keep the
+    # calibration fitted on their eval_rows validation rows; 0 = refit it on the whole validation day (N = its
+    # first N rows) before the rescoring (a 16,384-row slice holds ~57 conversions per surface x task cell)
+    frontier_calibration_rows: int = -1
     min_steps: int = 8  # refuse a plan in which some run gets fewer optimizer steps than this
     max_epochs: float = 1.0  # refuse a plan in which some run reads the training days more often
     # runs trained at once, each in its own process (set train.threads so that workers x threads fits the
@@ -161,8 +165,8 @@ def validate_isoflop(cfg: IsoflopConfig, where: str = "isoflop") -> None:
     need(cfg.workers >= 1, f"workers must be >= 1 (got {cfg.workers})")
     need(cfg.bootstrap >= 0 and cfg.min_steps >= 1 and cfg.max_epochs > 0 and cfg.eval_rows >= 0,
          "bootstrap >= 0, min_steps >= 1, max_epochs > 0 and eval_rows >= 0")
-    need(cfg.frontier_test_rows >= -1, f"frontier_test_rows: -1 (off), 0 (all) or a row count "
-         f"(got {cfg.frontier_test_rows})")
+    for key in ("frontier_test_rows", "frontier_calibration_rows"):
+        need(getattr(cfg, key) >= -1, f"{key}: -1 (off), 0 (all) or a row count (got {getattr(cfg, key)})")
 
 
 # --------------------------------------------------------------------------- the plan (pure arithmetic)
@@ -347,32 +351,47 @@ def train_and_test(rc: Any, run_dir: Path, test_spec: str, eval_rows: int = 0, c
     return rec, True
 
 
-def frontier_test(run_dir: Path, test_spec: str, rows: int, threads: int = 1) -> dict[str, Any]:
+def frontier_test(run_dir: Path, test_spec: str, rows: int, threads: int = 1, calibration_rows: int = -1
+                  ) -> dict[str, Any]:
     """A finished run's test metrics on the first ``rows`` rows of ``test_spec`` (0 = all), from its final
-    checkpoint (calibrated as ``opengem evaluate`` would), cached in RUN/frontier_test.json for the run's
-    result.json (its config_sha256), the spec and the rows."""
+    checkpoint (calibrated as ``opengem evaluate`` would; for a calibrated run and ``calibration_rows`` >= 0,
+    through a fit made now on that many rows of its validation day, 0 = all, as ``opengem calibrate`` does),
+    cached in RUN/frontier_test.json for the run's result.json (its config_sha256 and calibration), the spec
+    and the rows."""
     import torch
 
+    from opengem.train.calibrate import MIN_POSITIVES, calibrate_model
     from opengem.train.data import make_loader
     from opengem.train.evaluate import evaluate_model, open_run
 
     done, cache = json.loads((run_dir / "result.json").read_text()), run_dir / "frontier_test.json"
-    key = {"config_sha256": done.get("config_sha256"), "calibrate": done.get("calibrate", "none"),
-           "test_spec": test_spec, "rows": rows}
+    key: dict[str, Any] = {"config_sha256": done.get("config_sha256"),
+                           "calibrate": done.get("calibrate", "none"), "test_spec": test_spec, "rows": rows}
+    refit = calibration_rows >= 0 and key["calibrate"] != "none"
+    if refit:
+        key["calibration_rows"] = calibration_rows
     if cache.exists():
         got = json.loads(cache.read_text())
-        if {k: got.get(k) for k in key} == key:
+        if {k: got.get(k) for k in key} == key and (refit or "calibration_rows" not in got):
             return got
     before = torch.get_num_threads()
     torch.set_num_threads(max(1, threads))
+    fit_rows = None
     try:
-        with open_run(run_dir) as r:
+        with open_run(run_dir, calibrated=not refit) as r:
+            if refit:
+                schema = r.ds.schema
+                _fit, fit_rows = calibrate_model(
+                    r.model, make_loader(r.ds, r.cfg.data.eval, r.cfg.data, train=False), r.device,
+                    list(schema.surfaces), schema.task_names, key["calibrate"], MIN_POSITIVES,
+                    max_batches=_eval_batches(r.cfg, calibration_rows))
             batches = _eval_batches(r.cfg, rows)
             res = evaluate_model(r.model, make_loader(r.ds, test_spec, r.cfg.data, train=False), r.ds.schema,
                                  r.device, max_batches=batches)
     finally:
         torch.set_num_threads(before)
-    out = {**key, "eval_batches": batches, "rows_scored": res["rows"], "metrics": res["metrics"]}
+    out = {**key, "eval_batches": batches, "rows_scored": res["rows"], "metrics": res["metrics"],
+           "calibration_fit_rows": fit_rows}
     atomic_write_text(cache, json.dumps(out, indent=2))
     return out
 
@@ -564,10 +583,12 @@ def _score_frontier(cfg: IsoflopConfig, st: Study, out: Path, best: dict[str, li
             for seed in range(cfg.seeds):
                 name = run_name(fam, size, b, lr_choice[fam][b], seed)
                 rescored[name] = frontier_test(out / "runs" / name, st.test_spec, cfg.frontier_test_rows,
-                                               cfg.workers)
+                                               cfg.workers, cfg.frontier_calibration_rows)
     rows = {r["rows_scored"] for r in rescored.values()}
-    log(f"isoflop: {len(rescored)} frontier runs scored on {'/'.join(map(str, sorted(rows)))} test rows "
-        f"in {time.perf_counter() - t0:.1f}s")
+    fits = {r.get("calibration_fit_rows") for r in rescored.values()} - {None}
+    refit = f", calibration refitted on {'/'.join(map(str, sorted(fits)))} validation rows" * bool(fits)
+    log(f"isoflop: {len(rescored)} frontier runs scored on {'/'.join(map(str, sorted(rows)))} test rows"
+        f"{refit} in {time.perf_counter() - t0:.1f}s")
     return rescored
 
 

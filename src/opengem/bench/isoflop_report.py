@@ -112,6 +112,7 @@ def summarize_study(cfg: Any, st: Any, records: list[dict[str, Any]], lr_choice:
                 "ne_per_key": per_key, "calibration": calibration_summary([test_of(r) for r in at]),
                 "test_rows": (rescored[first["name"]]["rows_scored"] if first["name"] in rescored
                               else "eval_rows"),
+                "calibration_fit_rows": rescored.get(first["name"], {}).get("calibration_fit_rows"),
                 "ne_own_test": [r["test_ne"] for r in at] if rescored else None})
             seeds_ne[fam].append(nes)
             pts = sorted((r for r in records if r["family"] == fam and r["budget"] == b and r["seed"] == 0
@@ -305,8 +306,11 @@ def _frontier_rows_note(res: dict[str, Any]) -> str:
     rows = sorted({p.get("test_rows") for fr in res["frontier"].values() for p in fr} - {None, "eval_rows"})
     if not rows:
         return ""
-    return ("; frontier runs scored again on " + "/".join(f"{r:,}" for r in rows) + " test rows "
-            "(frontier_test_rows; the rule chose on validation only)")
+    fits = sorted({p.get("calibration_fit_rows") for fr in res["frontier"].values() for p in fr} - {None})
+    refit = (", their calibration refitted on " + "/".join(f"{r:,}" for r in fits) + " validation rows"
+             if fits else "")
+    return ("; frontier runs scored again on " + "/".join(f"{r:,}" for r in rows) + " test rows" + refit +
+            " (frontier_test_rows; the rule chose on validation only)")
 
 
 def format_study(res: dict[str, Any]) -> str:
