@@ -305,14 +305,19 @@ def _eval_batches(rc: Any, eval_rows: int) -> int:
 def finished_run(rc: Any, run_dir: Path, test_spec: str, eval_rows: int = 0, calibrate: str = "none"
                  ) -> dict[str, Any] | None:
     """RUN/result.json when it was written for the identical resolved config and evaluation, else None."""
+    rec = _result_for(rc, run_dir, test_spec, eval_rows)
+    return rec if rec is not None and rec.get("calibrate", "none") == calibrate else None
+
+
+def _result_for(rc: Any, run_dir: Path, test_spec: str, eval_rows: int) -> dict[str, Any] | None:
+    """RUN/result.json when it was written for the identical resolved config, test spec and evaluation rows
+    (whatever its calibration), else None."""
     done = run_dir / "result.json"
     if not done.exists():
         return None
     rec = json.loads(done.read_text())
-    want = (config_sha256(rc), test_spec, _eval_batches(rc, eval_rows), calibrate)
-    got = (rec.get("config_sha256"), rec.get("test_spec"), rec.get("eval_batches"),
-           rec.get("calibrate", "none"))
-    return rec if got == want else None
+    got = (rec.get("config_sha256"), rec.get("test_spec"), rec.get("eval_batches"))
+    return rec if got == (config_sha256(rc), test_spec, _eval_batches(rc, eval_rows)) else None
 
 
 def train_and_test(rc: Any, run_dir: Path, test_spec: str, eval_rows: int = 0, calibrate: str = "none"
@@ -324,13 +329,14 @@ def train_and_test(rc: Any, run_dir: Path, test_spec: str, eval_rows: int = 0, c
     evaluation. Returns (record, trained now)."""
     from opengem.train.trainer import Trainer
 
-    rec = finished_run(rc, run_dir, test_spec, eval_rows, calibrate) or \
-        calibrate_finished_run(rc, run_dir, test_spec, eval_rows, calibrate)
-    if rec is not None:
+    max_batches = _eval_batches(rc, eval_rows)
+    rec = _result_for(rc, run_dir, test_spec, eval_rows)
+    if rec is not None and rec.get("calibrate", "none") == calibrate:
         return rec, False
+    if rec is not None and rec.get("calibrate", "none") == "none":  # finished uncalibrated: calibrate it now
+        return calibrate_finished_run(rec, run_dir, test_spec, max_batches, calibrate), False
     ident = config_sha256(rc)
     done = run_dir / "result.json"
-    max_batches = _eval_batches(rc, eval_rows)
     test_raw = None
     with Trainer(rc, run_dir, rc.data.path, force=True) as tr:
         s = tr.fit()
@@ -360,7 +366,6 @@ def frontier_test(run_dir: Path, test_spec: str, rows: int, threads: int = 1, ca
     and the rows."""
     import torch
 
-    from opengem.train.calibrate import MIN_POSITIVES, calibrate_model
     from opengem.train.data import make_loader
     from opengem.train.evaluate import evaluate_model, open_run
 
@@ -380,11 +385,8 @@ def frontier_test(run_dir: Path, test_spec: str, rows: int, threads: int = 1, ca
     try:
         with open_run(run_dir, calibrated=not refit) as r:
             if refit:
-                schema = r.ds.schema
-                _fit, fit_rows = calibrate_model(
-                    r.model, make_loader(r.ds, r.cfg.data.eval, r.cfg.data, train=False), r.device,
-                    list(schema.surfaces), schema.task_names, key["calibrate"], MIN_POSITIVES,
-                    max_batches=_eval_batches(r.cfg, calibration_rows))
+                fit_batches = _eval_batches(r.cfg, calibration_rows)
+                _fit, fit_rows = _fit_on_validation(r, key["calibrate"], fit_batches)
             batches = _eval_batches(r.cfg, rows)
             res = evaluate_model(r.model, make_loader(r.ds, test_spec, r.cfg.data, train=False), r.ds.schema,
                                  r.device, max_batches=batches)
@@ -396,30 +398,22 @@ def frontier_test(run_dir: Path, test_spec: str, rows: int, threads: int = 1, ca
     return out
 
 
-def calibrate_finished_run(rc: Any, run_dir: Path, test_spec: str, eval_rows: int, calibrate: str
-                           ) -> dict[str, Any] | None:
-    """A run finished uncalibrated for the identical resolved config and evaluation, calibrated now from its
-    final checkpoint as ``train_and_test`` would have right after training (fit on the same validation rows,
-    test scored through it, the raw test kept as ``test_uncalibrated``); None when there is no such run.
-    Validation, which chose the rates and sizes, is the model's own either way, so a finished study switched
-    to ``calibrate`` = platt | offset rescores its test without retraining anything."""
+def calibrate_finished_run(rec: dict[str, Any], run_dir: Path, test_spec: str, max_batches: int,
+                           calibrate: str) -> dict[str, Any]:
+    """``rec``, the result of a run finished uncalibrated, calibrated now from the run's final checkpoint as
+    ``train_and_test`` would have right after training (fit on the same validation rows, test scored through
+    it, the raw test kept as ``test_uncalibrated``) and written back. Validation, which chose the rates and
+    sizes, is the model's own either way, so a finished study switched to ``calibrate`` = platt | offset
+    rescores its test without retraining anything."""
     from opengem.train.data import make_loader
     from opengem.train.evaluate import evaluate_model, open_run
 
-    done = run_dir / "result.json"
-    if calibrate == "none" or not done.exists():
-        return None
-    rec = json.loads(done.read_text())
-    max_batches = _eval_batches(rc, eval_rows)
-    if (rec.get("config_sha256"), rec.get("test_spec"), rec.get("eval_batches"), rec.get("calibrate", "none")
-            ) != (config_sha256(rc), test_spec, max_batches, "none"):
-        return None
     with open_run(run_dir, calibrated=False) as r:
         _calibrate(r, run_dir, calibrate, max_batches)
         test = evaluate_model(r.model, make_loader(r.ds, test_spec, r.cfg.data, train=False), r.ds.schema,
                               r.device, max_batches=max_batches)["metrics"]
     rec.update(calibrate=calibrate, test_uncalibrated=rec["test"], test=test, calibrated_after_training=True)
-    atomic_write_text(done, json.dumps(rec, indent=2))
+    atomic_write_text(run_dir / "result.json", json.dumps(rec, indent=2))
     return rec
 
 
@@ -427,18 +421,25 @@ def _calibrate(tr: Any, run_dir: Path, method: str, max_batches: int) -> None:
     """Fit the trained model's calibration on its validation rows, fold it in, and write RUN/calibration.json
     for the run's final checkpoint, so that ``opengem evaluate`` of the run scores as the study does. ``tr``:
     the Trainer that just trained it, or the run opened from that checkpoint (``evaluate.open_run``)."""
-    from opengem.train.calibrate import MIN_POSITIVES, calibrate_model, write_calibration
-    from opengem.train.data import make_loader
+    from opengem.train.calibrate import MIN_POSITIVES, write_calibration
     from opengem.train.evaluate import run_checkpoint
 
-    schema = tr.ds.schema
-    surfaces, tasks = list(schema.surfaces), schema.task_names
-    spec = tr.cfg.data.eval
-    fit, rows = calibrate_model(tr.model, make_loader(tr.ds, spec, tr.cfg.data, train=False), tr.device,
-                                surfaces, tasks, method, MIN_POSITIVES, max_batches=max_batches)
+    fit, rows = _fit_on_validation(tr, method, max_batches)
     checkpoint, _best = run_checkpoint(run_dir)
+    spec = tr.cfg.data.eval
     write_calibration(run_dir, fit, method, MIN_POSITIVES, checkpoint, tr.step, tr.data_path, spec,
-                      tr.ds.select(spec), rows, surfaces, tasks)
+                      tr.ds.select(spec), rows, list(tr.ds.schema.surfaces), tr.ds.schema.task_names)
+
+
+def _fit_on_validation(tr: Any, method: str, max_batches: int) -> tuple[Any, int]:
+    """Fit ``tr.model``'s calibration on the first ``max_batches`` batches (0 = all) of its run's validation
+    partitions (``data.eval``) and fold it in; returns (the fit, rows). ``tr``: a Trainer or an OpenRun."""
+    from opengem.train.calibrate import MIN_POSITIVES, calibrate_model
+    from opengem.train.data import make_loader
+
+    schema, batches = tr.ds.schema, make_loader(tr.ds, tr.cfg.data.eval, tr.cfg.data, train=False)
+    return calibrate_model(tr.model, batches, tr.device, list(schema.surfaces), schema.task_names, method,
+                           MIN_POSITIVES, max_batches=max_batches)
 
 
 def prepare_study(cfg: IsoflopConfig, out: Path, data_dir: str | Path | None, extra: list[str],
