@@ -98,10 +98,12 @@ def test_a_failed_run_stops_the_study():
 
 def test_study_with_two_workers_matches_one_worker(tmp_path):
     """The same tiny study trained one run at a time in-process and two at a time in worker processes: the
-    same runs, the same validation NE per run, the same frontier; the workers' logs kept; a rerun reuses."""
+    same runs, the same validation NE per run, the same frontier, rescored on the whole test day in-process or
+    in worker processes; the workers' logs kept; a rerun reuses."""
     import csv
 
-    over = ["budgets=[1.0e8, 4.0e8]", "seeds=2", "lr_grid=[]", "lr_check=false", "bootstrap=5", "min_steps=1"]
+    over = ["budgets=[1.0e8, 4.0e8]", "seeds=2", "lr_grid=[]", "lr_check=false", "bootstrap=5", "min_steps=1",
+            "frontier_test_rows=0"]
     extra = ["data.sim.rows=8000", "data.eval_batch_size=4096"]
     results = {}
     for workers in (1, 2):
@@ -116,6 +118,7 @@ def test_study_with_two_workers_matches_one_worker(tmp_path):
     fa, fb = a["frontier"]["dlrm"], b["frontier"]["dlrm"]
     assert [(p["size"], p["lr"], p["seeds"]) for p in fa] == [(p["size"], p["lr"], p["seeds"]) for p in fb]
     assert [p["ne"] for p in fa] == pytest.approx([p["ne"] for p in fb], rel=1e-6)
+    assert [p["test_rows"] for p in fa] == [p["test_rows"] for p in fb] == [8000 // 8] * 2
     assert a["lr"]["chosen"] == b["lr"]["chosen"]
     assert a["lr"]["grid"]["dlrm"] == pytest.approx(b["lr"]["grid"]["dlrm"], rel=1e-6)
 
