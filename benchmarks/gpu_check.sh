@@ -9,12 +9,16 @@
 #   bash benchmarks/gpu_check.sh [OUT_DIR]        # default runs/gpu_check (JSON of every part kept there)
 #
 # Without a CUDA GPU it prints one line and exits 2. Every part has its own time limit (GPU_CHECK_LIMIT_S
-# seconds per bench round, default 200), so a hung compile cannot take the whole budget.
+# seconds per bench round, default 200; 60 for NCCL, 100 each for the Triton
+# and pipeline parts), so a hung compile cannot take the whole budget.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 OUT=${1:-runs/gpu_check}
 LIMIT=${GPU_CHECK_LIMIT_S:-200}
+# the simulated stream: the bench only reads --pool batches, so the base recipe's 10 M rows (about 2 billion
+# history events) would be minutes of simulation for nothing
+ROWS=${GPU_CHECK_ROWS:-100000}
 
 if ! "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
   echo "gpu_check: no CUDA GPU here (torch.cuda.is_available() is False with $PY): nothing was run"
@@ -25,7 +29,7 @@ rm -rf "$OUT/inductor-cache"  # the first round must be cold
 
 # 1. NCCL, one process: init, all-reduce, barrier, destroy
 MASTER_ADDR=127.0.0.1 MASTER_PORT=${GPU_CHECK_PORT:-29577} \
-  timeout 120 "$PY" - "$OUT/nccl.json" > "$OUT/nccl.log" 2>&1 <<'PY'
+  timeout 60 "$PY" - "$OUT/nccl.json" > "$OUT/nccl.log" 2>&1 <<'PY'
 import json, sys, time
 import torch
 import torch.distributed as dist
@@ -47,19 +51,19 @@ echo "nccl: exit $? (log $OUT/nccl.log)" >&2
 # 2. and 3. the same benchmark twice: a cold compile cache, then warm (new processes, same cache folder)
 BENCH=(-m opengem.cli bench train --config configs/base.toml --models gem,dcnv2 --json
        --out "$OUT/bench-data" --steps 10 --warmup 3 --windows 3 --pool 8
-       train.device=cuda train.precision=bf16 train.compile=true "train.compile_cache_dir=$OUT/inductor-cache")
+       "data.sim.rows=$ROWS" train.device=cuda train.precision=bf16 train.compile=true "train.compile_cache_dir=$OUT/inductor-cache")
 for round in cold warm; do
   timeout "$LIMIT" "$PY" "${BENCH[@]}" > "$OUT/bench-$round.json" 2> "$OUT/bench-$round.log"
   echo "bench $round: exit $? (log $OUT/bench-$round.log)" >&2
 done
 
 # 4. the Triton twins (ops/triton) against their references at GEM-base's shapes: difference and ms
-timeout 180 "$PY" benchmarks/triton_kernels.py --json "$OUT/triton.json" > "$OUT/triton.log" 2>&1
+timeout 100 "$PY" benchmarks/triton_kernels.py --json "$OUT/triton.json" > "$OUT/triton.log" 2>&1
 echo "triton kernels: exit $? (log $OUT/triton.log)" >&2
 
 # 5. train.pipeline on the GPU, one process: the plain loop vs TrainPipelineSparseDist (the next batch's
 #    copy on a side stream from pinned memory while this one trains), DCNv2 on the small recipe, fp32
-timeout 150 "$PY" benchmarks/pipeline_ab.py --config configs/small-d32.toml --models dcnv2 --nproc 1 \
+timeout 100 "$PY" benchmarks/pipeline_ab.py --config configs/small-d32.toml --models dcnv2 --nproc 1 \
   --steps 60 --repeats 1 --out "$OUT/pipeline" train.device=cuda > "$OUT/pipeline.log" 2>&1
 echo "pipeline A/B: exit $? (log $OUT/pipeline.log)" >&2
 
