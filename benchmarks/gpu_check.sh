@@ -16,15 +16,22 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 OUT=${1:-runs/gpu_check}
 LIMIT=${GPU_CHECK_LIMIT_S:-200}
-# the simulated stream: the bench only reads --pool batches, so the base recipe's 10 M rows (about 2 billion
-# history events) would be minutes of simulation for nothing
-ROWS=${GPU_CHECK_ROWS:-100000}
 
 if ! "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
   echo "gpu_check: no CUDA GPU here (torch.cuda.is_available() is False with $PY): nothing was run"
   exit 2
 fi
 mkdir -p "$OUT"
+
+# a part's exit status, and on failure the end of its log (less fbgemm's version-table warnings): a device
+# call returns only the output's tail, and the machine (with the logs) may be gone before one can look
+report() {  # NAME STATUS LOG
+  echo "$1: exit $2 (log $3)" >&2
+  if [ "$2" -ne 0 ]; then
+    grep -v -E 'compat_table|cannot determine compatibility|WARNING:root|^[[:space:]]*(.\[[0-9;]*m)?[[:space:]]*$' "$3" \
+      | tail -n 25 | sed "s/^/  $1| /" >&2
+  fi
+}
 rm -rf "$OUT/inductor-cache"  # the first round must be cold
 
 # 1. NCCL, one process: init, all-reduce, barrier, destroy
@@ -46,25 +53,25 @@ dist.destroy_process_group()
 open(sys.argv[1], "w").write(json.dumps(res))
 sys.exit(0 if ok else 1)
 PY
-echo "nccl: exit $? (log $OUT/nccl.log)" >&2
+report nccl $? "$OUT/nccl.log"
 
 # 2. and 3. the same benchmark twice: a cold compile cache, then warm (new processes, same cache folder)
 BENCH=(-m opengem.cli bench train --config configs/base.toml --models gem,dcnv2 --json
        --out "$OUT/bench-data" --steps 10 --warmup 3 --windows 3 --pool 8
-       "data.sim.rows=$ROWS" train.device=cuda train.precision=bf16 train.compile=true "train.compile_cache_dir=$OUT/inductor-cache")
+       train.device=cuda train.precision=bf16 train.compile=true "train.compile_cache_dir=$OUT/inductor-cache")
 for round in cold warm; do
   timeout "$LIMIT" "$PY" "${BENCH[@]}" > "$OUT/bench-$round.json" 2> "$OUT/bench-$round.log"
-  echo "bench $round: exit $? (log $OUT/bench-$round.log)" >&2
+  report "bench $round" $? "$OUT/bench-$round.log"
 done
 
 # 4. the Triton twins (ops/triton) against their references at GEM-base's shapes: difference and ms
 timeout 100 "$PY" benchmarks/triton_kernels.py --json "$OUT/triton.json" > "$OUT/triton.log" 2>&1
-echo "triton kernels: exit $? (log $OUT/triton.log)" >&2
+report "triton kernels" $? "$OUT/triton.log"
 
 # 5. train.pipeline on the GPU, one process: the plain loop vs TrainPipelineSparseDist (the next batch's
 #    copy on a side stream from pinned memory while this one trains), DCNv2 on the small recipe, fp32
 timeout 100 "$PY" benchmarks/pipeline_ab.py --config configs/small-d32.toml --models dcnv2 --nproc 1 \
   --steps 60 --repeats 1 --out "$OUT/pipeline" train.device=cuda > "$OUT/pipeline.log" 2>&1
-echo "pipeline A/B: exit $? (log $OUT/pipeline.log)" >&2
+report "pipeline A/B" $? "$OUT/pipeline.log"
 
 "$PY" benchmarks/gpu_check_table.py "$OUT"

@@ -27,15 +27,26 @@ def runs_of(obj: Any) -> dict[str, dict]:
     return {r["model"]: r for r in runs if isinstance(r, dict) and "model" in r}
 
 
+def failures_of(obj: Any) -> dict[str, str]:
+    """model -> the last line of its crash, from ``bench train --json`` (models that failed, the rest ran)."""
+    if not isinstance(obj, dict):
+        return {}
+    failed = obj.get("failed", [])
+    return {f["model"]: f.get("error", "?") for f in failed if isinstance(f, dict) and "model" in f}
+
+
 def table(out: Path) -> str:
-    cold, warm = runs_of(read_json(out / "bench-cold.json")), runs_of(read_json(out / "bench-warm.json"))
+    cold_obj, warm_obj = read_json(out / "bench-cold.json"), read_json(out / "bench-warm.json")
+    cold, warm = runs_of(cold_obj), runs_of(warm_obj)
+    why = {**failures_of(cold_obj), **failures_of(warm_obj)}
     head = (f"{'model':<7}{'prec':>5}{'examples/s':>12}{'MFU':>8}{'MFU full':>9}{'peak TFLOP/s':>13}"
             f"{'peak mem GB':>12}{'1st step cold s':>16}{'1st step warm s':>16}")
     lines = [head, "-" * len(head)]
     for model in ("gem", "dcnv2"):
         r = warm.get(model) or cold.get(model)
         if r is None:
-            lines.append(f"{model:<7}failed: see {out}/bench-cold.log and bench-warm.log")
+            reason = f" ({why[model][:160]})" if model in why else ""
+            lines.append(f"{model:<7}failed{reason}: see {out}/bench-cold.log and bench-warm.log")
             continue
         c, w = cold.get(model, {}), warm.get(model, {})
         lines.append(f"{model:<7}{r.get('precision', '?'):>5}{r['examples_per_s']:>12,.0f}{r['mfu']:>8.2%}"

@@ -194,3 +194,36 @@ def test_gpu_check_table_from_the_parts_json(tmp_path):
     (tmp_path / "bench-cold.json").write_text("")
     (tmp_path / "bench-warm.json").write_text("not json")
     assert "gem    failed" in mod.table(tmp_path)
+    (tmp_path / "bench-cold.json").write_text(json.dumps(
+        {"runs": [{**run, "model": "dcnv2", "time_to_first_step_s": 30.0}],
+         "failed": [{"model": "gem", "error": "RuntimeError: CUDA error: an illegal memory access"}]}))
+    text = mod.table(tmp_path)
+    assert "gem    failed (RuntimeError: CUDA error: an illegal memory access): see" in text
+    assert next(ln for ln in text.splitlines() if ln.startswith("dcnv2")).split()[1:3] == ["bf16", "123,456"]
+
+
+def test_bench_goes_on_past_a_crashed_model(monkeypatch, capsys):
+    """Several models: one model's crash is reported (its last line, exit 1) and the others still run."""
+    from opengem.bench import cli as bench_cli
+
+    ran = []
+
+    def fake(args, model):
+        ran.append(model)
+        if model == "gem":
+            raise bench_cli.ModelCrashed(model, 1, "Traceback (most recent call last):\n  ...\n"
+                                                   "RuntimeError: CUDA error: out of memory\n")
+        return {"model": model, "examples_per_s": 1.0}
+
+    monkeypatch.setattr(bench_cli, "bench_subprocess", fake)
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    args = p.parse_args(["train", "--config", str(REPO / "configs" / "tiny.toml"),
+                         "--models", "gem,dlrm,dcnv2", "--json"])
+    assert bench_cli.run_train(args, load_run_config(args.config, [])) == 1
+    assert ran == ["gem", "dlrm", "dcnv2"]
+    out, err = capsys.readouterr()
+    obj = json.loads(out)
+    assert [r["model"] for r in obj["runs"]] == ["dlrm", "dcnv2"]
+    assert obj["failed"] == [{"model": "gem", "error": "RuntimeError: CUDA error: out of memory"}]
+    assert "Traceback" in err and "error: model gem failed: RuntimeError: CUDA error: out of memory" in err

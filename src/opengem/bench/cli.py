@@ -110,18 +110,39 @@ def run(args: argparse.Namespace) -> int:
 
 def run_train(args: argparse.Namespace, cfg: Any) -> int:
     models = [m for m in args.models.split(",") if m] or [cfg.model.name]
+    failed: list[dict[str, str]] = []
     if len(models) == 1:
         results = [bench_one(args, models[0])]
     else:
-        results = [bench_subprocess(args, m) for m in models]
+        results = []
+        for m in models:
+            try:
+                results.append(bench_subprocess(args, m))
+            except ModelCrashed as e:
+                # one model's crash (a kernel or compile failure on some device) must not cost the others'
+                # numbers: its trace goes to stderr now, the rest still run, and the exit status says so
+                print(f"opengem bench: {e}", file=sys.stderr)
+                failed.append({"model": m, "error": e.last_line})
     if args.json:
         from opengem.bench.machine import load_average
 
-        obj = results[0] if len(results) == 1 else {"runs": results, "load_average": load_average()}
+        obj = (results[0] if len(results) == 1 and not failed else
+               {"runs": results, "failed": failed, "load_average": load_average()})
         print(json.dumps(obj, indent=2))
-    else:
+    elif results:
         print(format_table(results))
-    return 0
+    for f in failed:
+        print(f"opengem bench: error: model {f['model']} failed: {f['error']}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+class ModelCrashed(RuntimeError):
+    """A model's bench process died with a traceback (not a user's mistake)."""
+
+    def __init__(self, model: str, returncode: int, stderr: str) -> None:
+        super().__init__(f"bench {model} failed (exit {returncode}):\n{stderr[-3000:]}")
+        lines = [ln for ln in stderr.splitlines() if ln.strip()]
+        self.last_line = lines[-1] if lines else f"exit {returncode}"
 
 
 def bench_one(args: argparse.Namespace, model: str) -> dict[str, Any]:
@@ -155,5 +176,5 @@ def bench_subprocess(args: argparse.Namespace, model: str) -> dict[str, Any]:
         if errors and "Traceback (most recent call last)" not in proc.stderr:
             raise BenchError(f"model {model}: {errors[-1].removeprefix('opengem bench: error: ')}",
                              proc.returncode)
-        raise RuntimeError(f"bench {model} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+        raise ModelCrashed(model, proc.returncode, proc.stderr)
     return json.loads(proc.stdout)
