@@ -12,3 +12,13 @@ from __future__ import annotations
 import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402  (after TRITON_INTERPRET, on purpose)
+
+
+@pytest.fixture(autouse=True)
+def _own_cpu_linear_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test gets its own record of ``train.cpu_linear = auto``'s measurement (tests patch the probe),
+    and nothing is written into the user's cache folder."""
+    path = tmp_path_factory.mktemp("cpu_linear") / "cpu_linear.json"
+    monkeypatch.setenv("OPENGEM_CPU_LINEAR_CACHE", str(path))

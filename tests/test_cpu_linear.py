@@ -1,5 +1,8 @@
 """train.cpu_linear: the nn.Linear -> OneDNNLinear swap, its fallbacks, and the auto choice."""
 
+import json
+import os
+
 import pytest
 import torch
 from torch import nn
@@ -111,12 +114,15 @@ def test_fused_attention_kv_products_through_onednn_match_the_default():
 @needs_onednn
 def test_a_run_decides_auto_once_and_its_resume_keeps_the_choice(monkeypatch, tmp_path):
     """On a host where the probe's answer flips between processes, a resumed run keeps the kernel it
-    trained on (RUN/cpu_linear.json); a fresh run measures again and records its own."""
+    trained on (RUN/cpu_linear.json); a fresh run takes the machine's answer, or measures again once the
+    machine's record is gone, and records its own."""
     monkeypatch.setattr(cpu_linear, "onednn_speedup", lambda threads: 2.2)
     assert cpu_linear.run_cpu_linear("auto", CPU, tmp_path, resume=False) == "onednn"
     assert cpu_linear.recorded_kernel(tmp_path) == "onednn"
     monkeypatch.setattr(cpu_linear, "onednn_speedup", lambda threads: 1.0)
     assert cpu_linear.run_cpu_linear("auto", CPU, tmp_path, resume=True) == "onednn"
+    assert cpu_linear.run_cpu_linear("auto", CPU, tmp_path, resume=False) == "onednn"  # the machine's
+    cpu_linear.machine_cache_path().unlink()
     assert cpu_linear.run_cpu_linear("auto", CPU, tmp_path, resume=False) == "pytorch"
     assert cpu_linear.recorded_kernel(tmp_path) == "pytorch"
     monkeypatch.setattr(cpu_linear, "onednn_speedup", lambda threads: 2.2)
@@ -142,3 +148,63 @@ def test_a_record_of_onednn_without_onednn_is_measured_again(monkeypatch, tmp_pa
 def test_an_explicit_choice_is_not_recorded(tmp_path):
     assert cpu_linear.run_cpu_linear("pytorch", CPU, tmp_path, resume=False) == "pytorch"
     assert not (tmp_path / cpu_linear.RECORD).exists()
+
+
+def test_auto_measures_once_per_machine_threads_and_torch(monkeypatch):
+    """Two fresh runs of one config on one machine train on the same kernel: the first measurement is kept
+    (per CPU model, thread count and torch) and every later process takes it."""
+    calls = []
+
+    def probe(threads):
+        calls.append(threads)
+        return 2.2 if len(calls) == 1 else 1.0  # a later probe would flip the choice
+
+    monkeypatch.setattr(cpu_linear, "onednn_speedup", probe)
+    first = cpu_linear.machine_speedup(1)
+    assert first[0] == 2.2 and first[1].startswith("measured, kept in")
+    again = cpu_linear.machine_speedup(1)
+    assert again[0] == 2.2 and again[1].startswith("recorded for this machine") and calls == [1]
+    assert cpu_linear.machine_speedup(2)[0] == 1.0 and calls == [1, 2]  # another thread count: its own
+    table = json.loads(cpu_linear.machine_cache_path().read_text())
+    assert sorted(v["speedup"] for v in table.values()) == [1.0, 2.2]
+    assert all(torch.__version__ in k for k in table)
+    if onednn_linear.available():
+        assert resolve_cpu_linear("auto", CPU) in ("onednn", "pytorch")
+
+
+@pytest.mark.parametrize("content", ["not json", "[1]", '{"x": {"speedup": "fast"}}'])
+def test_an_unusable_machine_record_is_measured_again(monkeypatch, content):
+    path = cpu_linear.machine_cache_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(content)
+    monkeypatch.setattr(cpu_linear, "onednn_speedup", lambda threads: 1.7)
+    assert cpu_linear.machine_speedup(1) == (1.7, f"measured, kept in {path}")
+    assert cpu_linear.machine_speedup(1)[0] == 1.7
+
+
+def test_a_machine_record_that_cannot_be_kept_is_measured_each_time(monkeypatch, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("OPENGEM_CPU_LINEAR_CACHE", str(blocker / "sub" / "cpu_linear.json"))
+    monkeypatch.setattr(cpu_linear, "onednn_speedup", lambda threads: 0.9)
+    assert cpu_linear.machine_speedup(1) == (0.9, "measured (not kept)")
+
+
+def test_processes_started_together_take_one_answer(tmp_path):
+    """A study's workers start side by side: each probe here answers differently and slowly, yet every
+    process gets the first one's answer (the lock serialises the measurement)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, time\n"
+            "from opengem.train import cpu_linear\n"
+            "def probe(threads):\n"
+            "    time.sleep(0.3)\n"
+            "    return float(sys.argv[1])\n"
+            "cpu_linear.onednn_speedup = probe\n"
+            "print(cpu_linear.machine_speedup(1)[0])\n")
+    env = {**os.environ, "OPENGEM_CPU_LINEAR_CACHE": str(tmp_path / "cpu_linear.json")}
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(v)], stdout=subprocess.PIPE, text=True,
+                              env=env) for v in (1.0, 2.0, 3.0)]
+    answers = {float(p.communicate(timeout=120)[0]) for p in procs}
+    assert len(answers) == 1 and answers <= {1.0, 2.0, 3.0}

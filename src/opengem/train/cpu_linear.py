@@ -19,13 +19,24 @@ A training run decides once (:func:`run_cpu_linear`): rank 0 measures, every ran
 choice is kept in ``RUN/cpu_linear.json`` for ``--resume``. Where the two libraries are close (AMD Zen 4:
 oneDNN 0.96-1.34x BLAS against the 1.3 margin) the probe's answer varies from process to process, and
 with it the numerics: without this a run's ranks, or a run and its resume, could train on different kernels.
+
+The measurement is also kept per machine (:func:`machine_speedup`: the CPU's model name, the thread count
+and the torch version, in ``cpu_linear.json`` of opengem's cache folder, ``$OPENGEM_CPU_LINEAR_CACHE`` to
+move it): the first run on a machine measures, every later run and process takes that answer. Without it
+two runs of one config on one machine could train on different kernels: session 24 found that this alone
+made 32 of the 174 runs shared by two iso-FLOP studies of the same config differ, by up to 0.043
+validation NE for one run (each of the two kernels, forced, reproduces one study's number exactly). Delete
+the file to measure again; ``train.cpu_linear = pytorch | onednn`` decides without measuring.
 """
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import json
 import logging
+import os
+import platform
 import time
 from pathlib import Path
 
@@ -85,6 +96,64 @@ def onednn_speedup(threads: int) -> float:
     return min(t_ref) / max(min(t_one), 1e-9)
 
 
+def machine_cache_path() -> Path:
+    """Where the measured speedups of this machine are kept (see the module doc)."""
+    if os.environ.get("OPENGEM_CPU_LINEAR_CACHE"):
+        return Path(os.environ["OPENGEM_CPU_LINEAR_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "opengem" / "cpu_linear.json"
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _read_table(path: Path) -> dict[str, object]:
+    try:
+        table = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return table if isinstance(table, dict) else {}
+
+
+def machine_speedup(threads: int) -> tuple[float, str]:
+    """(:func:`onednn_speedup`, where it came from): this machine's recorded answer for this CPU, thread
+    count and torch, or a new measurement, recorded. Measuring holds a lock on the file, so processes that
+    start together (a study's workers) take one answer, never each their own."""
+    path = machine_cache_path()
+    key = f"{_cpu_model()} | threads {threads} | torch {torch.__version__}"
+
+    def recorded() -> float | None:
+        entry = _read_table(path).get(key)
+        speedup = entry.get("speedup") if isinstance(entry, dict) else None
+        return float(speedup) if isinstance(speedup, (int, float)) and speedup >= 0 else None
+
+    if (speedup := recorded()) is not None:
+        return speedup, f"recorded for this machine in {path}"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(path.with_name(path.name + ".lock"), "w")
+    except OSError as e:  # a read-only home: measure, as before the cache
+        log.warning("train.cpu_linear = auto: cannot keep the measurement in %s (%s)", path, e)
+        return onednn_speedup(threads), "measured (not kept)"
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (speedup := recorded()) is not None:  # another process measured while this one waited
+            return speedup, f"recorded for this machine in {path}"
+        speedup = onednn_speedup(threads)
+        table = _read_table(path)
+        table[key] = {"speedup": round(speedup, 4), "measured": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        atomic_write_text(path, json.dumps(table, indent=1, sort_keys=True) + "\n")
+    return round(speedup, 4), f"measured, kept in {path}"
+
+
 def resolve_cpu_linear(choice: str, device: torch.device) -> str:
     """``pytorch`` or ``onednn`` for this run (``auto`` measured, :func:`onednn_speedup`)."""
     if choice not in CPU_LINEAR_CHOICES:
@@ -95,10 +164,10 @@ def resolve_cpu_linear(choice: str, device: torch.device) -> str:
         if not onednn_linear.available():
             raise RuntimeError("train.cpu_linear = 'onednn' needs a torch built with oneDNN (mkldnn)")
         return "onednn"
-    speedup = onednn_speedup(torch.get_num_threads())
+    speedup, source = machine_speedup(torch.get_num_threads())
     chosen = "onednn" if speedup >= AUTO_MARGIN else "pytorch"
-    log.info("train.cpu_linear = auto: oneDNN runs a fp32 linear %.2fx as fast as PyTorch's BLAS here: %s",
-             speedup, chosen)
+    log.info("train.cpu_linear = auto: oneDNN runs a fp32 linear %.2fx as fast as PyTorch's BLAS here "
+             "(%s): %s", speedup, source, chosen)
     return chosen
 
 
