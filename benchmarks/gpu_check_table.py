@@ -52,6 +52,13 @@ def table(out: Path) -> str:
         lines.append(f"{model:<7}{r.get('precision', '?'):>5}{r['examples_per_s']:>12,.0f}{r['mfu']:>8.2%}"
                      f"{r['mfu_full']:>9.2%}{r['peak_flops'] / 1e12:>13.1f}{r['peak_mem_mb'] / 1024:>12.2f}"
                      f"{_s(c.get('time_to_first_step_s')):>16}{_s(w.get('time_to_first_step_s')):>16}")
+    eager = runs_of(read_json(out / "bench-eager.json")).get("gem")
+    if eager is not None:  # written only when GEM failed compiled: the same bench with compile off
+        lines.append(f"{'gem*':<7}{eager.get('precision', '?'):>5}{eager['examples_per_s']:>12,.0f}"
+                     f"{eager['mfu']:>8.2%}{eager['mfu_full']:>9.2%}{eager['peak_flops'] / 1e12:>13.1f}"
+                     f"{eager['peak_mem_mb'] / 1024:>12.2f}{_s(eager.get('time_to_first_step_s')):>16}"
+                     f"{'-':>16}")
+        lines.append("gem* = compile off (GEM failed compiled); its first step is without compilation")
     nccl = read_json(out / "nccl.json")
     if isinstance(nccl, dict) and nccl.get("ok"):
         lines.append(f"NCCL {nccl['nccl']}, 1 process, all-reduce of 1 Mi floats: ok in "

@@ -227,3 +227,24 @@ def test_bench_goes_on_past_a_crashed_model(monkeypatch, capsys):
     assert [r["model"] for r in obj["runs"]] == ["dlrm", "dcnv2"]
     assert obj["failed"] == [{"model": "gem", "error": "RuntimeError: CUDA error: out of memory"}]
     assert "Traceback" in err and "error: model gem failed: RuntimeError: CUDA error: out of memory" in err
+
+
+def test_gpu_check_table_shows_gem_eager_when_gem_failed_compiled(tmp_path):
+    import importlib.util
+
+    path = REPO / "benchmarks" / "gpu_check_table.py"
+    spec = importlib.util.spec_from_file_location("gpu_check_table", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    run = {"precision": "bf16", "examples_per_s": 5000.0, "mfu": 0.2, "mfu_full": 0.3, "peak_flops": 7.9e14,
+           "peak_mem_mb": 40960.0, "batch_size": 4096, "windows": 3, "steps": 10,
+           "time_to_first_step_s": 12.0}
+    (tmp_path / "bench-cold.json").write_text(json.dumps(
+        {"runs": [{**run, "model": "dcnv2"}], "failed": [{"model": "gem", "error": "InductorError: boom"}]}))
+    assert "gem*" not in mod.table(tmp_path)  # no eager run (GEM compiled fine, or it was not tried)
+    (tmp_path / "bench-eager.json").write_text(json.dumps({**run, "model": "gem"}))
+    text = mod.table(tmp_path)
+    assert "gem    failed (InductorError: boom)" in text
+    row = next(ln for ln in text.splitlines() if ln.startswith("gem*")).split()
+    assert row[1:4] == ["bf16", "5,000", "20.00%"] and row[-2:] == ["12.0", "-"]
+    assert "gem* = compile off" in text

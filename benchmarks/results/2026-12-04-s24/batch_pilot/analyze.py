@@ -1,12 +1,18 @@
-import json, statistics, sys, collections
+import collections
+import json
+import statistics
+import sys
+
 sys.path.insert(0, "/work/s24/wt/src")
-from opengem.bench.isoflop import load_isoflop_config, selection_ne
+from opengem.bench.isoflop import load_isoflop_config, selection_ne  # noqa: E402
+
 cfg = load_isoflop_config("/work/s24/wt/configs/isoflop.toml")
 recs = [json.loads(l) for l in open("/work/s24/pilot/results.jsonl")]
 cell = collections.defaultdict(list)
 for r in recs:
     if r.get("exit") != 0 or "result" not in r:
-        print("FAILED", r.get("family"), r.get("budget"), r.get("batch"), r.get("lr"), r.get("seed"), r.get("error")); continue
+        print("FAILED", *(r.get(k) for k in ("family", "budget", "batch", "lr", "seed", "error")))
+        continue
     res = r["result"]
     v = selection_ne(res["valid"], cfg.metric)
     t = selection_ne(res["test"], cfg.metric) if res.get("test") else float("nan")
@@ -31,12 +37,13 @@ for b in (1, 2):
                 continue
             lr_c = min(row, key=lambda k: row[k][0])
             steps = next(iter(row.values()))[2]
-            fmt = lambda lr: f"{row[lr][0]:.4f}" if lr in row else "-"
-            print(f"| {fam} | {bs} | {steps} | {fmt(0.003)} | {fmt(0.01)} | {lr_c:g} | {row[lr_c][1]:.4f} |")
+            v3, v10 = (f"{row[lr][0]:.4f}" if lr in row else "-" for lr in (0.003, 0.01))
+            print(f"| {fam} | {bs} | {steps} | {v3} | {v10} | {lr_c:g} | {row[lr_c][1]:.4f} |")
             if best is None or row[lr_c][0] < best[1]:
                 best = (bs, row[lr_c][0], row[lr_c][1], lr_c, row[lr_c][3])
         if best:
             lines.append((b, fam, best))
 print("\n## chosen on validation (batch and lr), test NE of the 3 seeds")
 for b, fam, (bs, v, t, lr, ts) in lines:
-    print(f"{budget_name[b]} {fam}: batch {bs}, lr {lr:g}: valid {v:.4f}, test {t:.4f} {['%.4f' % x for x in ts]}")
+    seeds = [f"{x:.4f}" for x in ts]
+    print(f"{budget_name[b]} {fam}: batch {bs}, lr {lr:g}: valid {v:.4f}, test {t:.4f} {seeds}")
