@@ -27,14 +27,14 @@ from typing import Any
 from torch import nn
 
 from opengem.train.config import COMPILE_BACKENDS, RunConfig
+from opengem.train.env import cache_dir
 from opengem.train.optim import embedding_modules
 
 CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 
 
 def default_cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "opengem" / "inductor"
+    return cache_dir() / "inductor"
 
 
 def configure_compile_cache(cache_dir: str | Path | None = None) -> Path:

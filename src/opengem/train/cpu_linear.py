@@ -51,6 +51,7 @@ from opengem.ops.linear import kernel_for, linear
 from opengem.ops.onednn import onednn_linear
 from opengem.train import distributed
 from opengem.train.config import CPU_LINEAR_CHOICES
+from opengem.train.env import cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -100,8 +101,7 @@ def machine_cache_path() -> Path:
     """Where the measured speedups of this machine are kept (see the module doc)."""
     if os.environ.get("OPENGEM_CPU_LINEAR_CACHE"):
         return Path(os.environ["OPENGEM_CPU_LINEAR_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "opengem" / "cpu_linear.json"
+    return cache_dir() / "cpu_linear.json"
 
 
 def _cpu_model() -> str:
@@ -123,19 +123,19 @@ def _read_table(path: Path) -> dict[str, object]:
     return table if isinstance(table, dict) else {}
 
 
+def _recorded(table: dict[str, object], key: str) -> float | None:
+    entry = table.get(key)
+    speedup = entry.get("speedup") if isinstance(entry, dict) else None
+    return float(speedup) if isinstance(speedup, (int, float)) and speedup >= 0 else None
+
+
 def machine_speedup(threads: int) -> tuple[float, str]:
     """(:func:`onednn_speedup`, where it came from): this machine's recorded answer for this CPU, thread
     count and torch, or a new measurement, recorded. Measuring holds a lock on the file, so processes that
     start together (a study's workers) take one answer, never each their own."""
     path = machine_cache_path()
     key = f"{_cpu_model()} | threads {threads} | torch {torch.__version__}"
-
-    def recorded() -> float | None:
-        entry = _read_table(path).get(key)
-        speedup = entry.get("speedup") if isinstance(entry, dict) else None
-        return float(speedup) if isinstance(speedup, (int, float)) and speedup >= 0 else None
-
-    if (speedup := recorded()) is not None:
+    if (speedup := _recorded(_read_table(path), key)) is not None:
         return speedup, f"recorded for this machine in {path}"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -145,13 +145,13 @@ def machine_speedup(threads: int) -> tuple[float, str]:
         return onednn_speedup(threads), "measured (not kept)"
     with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if (speedup := recorded()) is not None:  # another process measured while this one waited
+        table = _read_table(path)  # another process may have measured while this one waited
+        if (speedup := _recorded(table, key)) is not None:
             return speedup, f"recorded for this machine in {path}"
-        speedup = onednn_speedup(threads)
-        table = _read_table(path)
-        table[key] = {"speedup": round(speedup, 4), "measured": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        speedup = round(onednn_speedup(threads), 4)
+        table[key] = {"speedup": speedup, "measured": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
         atomic_write_text(path, json.dumps(table, indent=1, sort_keys=True) + "\n")
-    return round(speedup, 4), f"measured, kept in {path}"
+    return speedup, f"measured, kept in {path}"
 
 
 def resolve_cpu_linear(choice: str, device: torch.device) -> str:

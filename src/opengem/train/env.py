@@ -1,14 +1,23 @@
-"""Where a run executes: its device and CPU threads (process groups: ``distributed.process_group``)."""
+"""Where a run executes: its device, CPU threads and opengem's per-machine cache folder (process groups:
+``distributed.process_group``)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 
 from opengem.errors import TrainError
+
+
+def cache_dir() -> Path:
+    """opengem's folder in the user's cache (``$XDG_CACHE_HOME`` or ``~/.cache``): what is worth keeping
+    between runs on one machine (compiled kernels, the ``train.cpu_linear`` probe)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "opengem"
 
 
 def resolve_device(name: str) -> torch.device:
