@@ -205,3 +205,45 @@ def test_tiny_study_end_to_end_and_resume(tmp_path):
     assert set(res["proxies"]) == {cfg.proxies[0].name}
     again = run_ablation(cfg, tmp_path, run_overrides=extra, log=lambda m: None)
     assert again["runs_trained_now"] == 0 and again["configs"][1]["test_ne"] == abl["test_ne"]
+
+
+def test_study_with_two_workers_matches_one_worker(tmp_path):
+    """The same tiny study (full model + one ablation, 2 seeds, a proxy) trained in-process and two runs at a
+    time in worker processes: the same runs in the same order, the same NE per run and the same ΔNE; the
+    workers' logs kept; a rerun reuses every run."""
+    import csv
+
+    over = ["budget=2e8", "seeds=2", "lr_grid=[1e-3, 1e-2]", "bootstrap=20", "min_steps=2"]
+    extra = ["data.sim.rows=8000"]
+    results = {}
+    for workers in (1, 2):
+        cfg = load_ablation_config(SMALL, [*over, f"workers={workers}"])
+        cfg.ablations, cfg.proxies = cfg.ablations[:1], cfg.proxies[:1]
+        cfg.proxies[0].seeds = 1
+        data = tmp_path / "w1" / "data" if workers == 2 else None
+        results[workers] = run_ablation(cfg, tmp_path / f"w{workers}", data, run_overrides=extra,
+                                        log=lambda m: None)
+    a, b = results[1], results[2]
+    assert a["runs"] == b["runs"] == b["runs_trained_now"] == 1 + 2 * 2 + 2
+    assert [c["test_ne"] for c in a["configs"]] == pytest.approx([c["test_ne"] for c in b["configs"]], rel=1e-6)
+    da, db = a["configs"][1]["delta_ne"]["tasks"]["mean"], b["configs"][1]["delta_ne"]["tasks"]["mean"]
+    assert da == pytest.approx(db, rel=1e-5, abs=1e-7)
+
+    def rows(d: Path) -> list[tuple[str, float]]:
+        with open(d / "ablation_runs.csv") as f:
+            return [(r["run"], float(r["valid_ne"])) for r in csv.DictReader(f)]
+
+    ra, rb = rows(tmp_path / "w1"), rows(tmp_path / "w2")
+    assert [n for n, _ in ra] == [n for n, _ in rb]
+    assert [v for _, v in ra] == pytest.approx([v for _, v in rb], rel=1e-6)
+    assert len(list((tmp_path / "w2" / "logs").glob("*.txt"))) == b["runs"]
+    assert all((tmp_path / "w2" / "runs" / n / "predictions-test.parquet").exists() for n, _ in rb
+               if not n.startswith("proxy-"))
+    again = run_ablation(cfg, tmp_path / "w2", tmp_path / "w1" / "data", run_overrides=extra,
+                         log=lambda m: None)
+    assert again["runs_trained_now"] == 0
+
+
+def test_workers_config_checked():
+    with pytest.raises(ConfigError, match="workers"):
+        load_ablation_config(SMALL, ["workers=0"])

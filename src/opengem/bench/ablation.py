@@ -16,16 +16,22 @@ configurations matches the full runs' (Spearman, bootstrap CI over configuration
 
 Outputs in OUT: ablation.json (summary), ablation_runs.csv (one row per run), ablation.toml (the resolved
 study), runs/<name>/ (every run, with predictions-test.parquet for the full-budget runs, which the paired
-bootstrap over test rows needs). A finished run is reused, so a killed study resumes.
+bootstrap over test rows needs). A finished run is reused, so a killed study resumes. With ``workers`` > 1
+the runs of each stage (the rate grid, the configurations x seeds, the proxies) train that many at a time,
+each in a Python process of its own (bench/ablation_worker.py, logs in OUT/logs/), as the iso-FLOP study does.
 """
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +41,7 @@ from opengem.bench.isoflop import (
     REPO,
     IsoflopConfig,
     Study,
+    finished_run,
     plan_grid,
     prepare_study,
     run_name,
@@ -43,6 +50,7 @@ from opengem.bench.isoflop import (
 )
 from opengem.bench.size_ladder import FamilySweep
 from opengem.config import ConfigError, load_config, save_config
+from opengem.errors import TrainError
 
 _NAME = re.compile(r"^[A-Za-z0-9_.+-]+$")
 
@@ -86,6 +94,9 @@ class AblationConfig:
     min_steps: int = 5  # refuse a plan in which a full-budget run gets fewer optimizer steps than this
     max_epochs: float = 1.0  # refuse a plan in which a run reads the training days more often
     plan_steps: int = 8  # --plan: time this many training steps per configuration (0 = no time estimate)
+    # runs trained at once, each in a process of its own (set train.threads so that workers x threads fits the
+    # cores; 1 = in this process, one after another)
+    workers: int = 1
     ablations: list[Ablation] = field(default_factory=list)
     proxies: list[ProxyVariant] = field(default_factory=list)
 
@@ -126,6 +137,7 @@ def validate_ablation(cfg: AblationConfig, where: str = "ablation") -> None:
     need(cfg.budget > 0, f"budget must be > 0 (got {cfg.budget})")
     need(cfg.seeds >= 2, f"seeds must be >= 2: the intervals resample seeds (got {cfg.seeds})")
     need(all(lr > 0 for lr in cfg.lr_grid), f"lr_grid values must be > 0 (got {cfg.lr_grid})")
+    need(cfg.workers >= 1, f"workers must be >= 1 (got {cfg.workers})")
     need(cfg.bootstrap >= 0 and cfg.min_steps >= 1 and cfg.max_epochs > 0 and cfg.eval_rows >= 0
          and cfg.plan_steps >= 0,
          "bootstrap >= 0, min_steps >= 1, max_epochs > 0, eval_rows >= 0 and plan_steps >= 0")
@@ -269,6 +281,56 @@ def write_test_predictions(run_dir: Path, st: Study) -> Path:
     return out
 
 
+def job_run_name(name: str, lr: float | None, seed: int, variant: ProxyVariant | None = None) -> str:
+    return run_name(name, 0, 0, lr, seed) if variant is None else f"proxy-{variant.name}-{name}-seed{seed}"
+
+
+def _job_config(cfg: AblationConfig, st: Study, steps: dict[str, int], name: str, lr: float | None, seed: int,
+                variant: ProxyVariant | None) -> Any:
+    fam = next(f for f in configurations(cfg) if f.name == name)
+    n_steps = steps[name] if variant is None else proxy_steps(steps[name], variant)
+    return run_config(st, fam, n_steps, lr, seed, variant)
+
+
+def train_job(cfg: AblationConfig, out: str | Path, data_dir: str | Path | None, name: str, lr: float | None,
+              seed: int, proxy: str | None = None, extra: list[str] | None = None,
+              log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Train (or reuse) one run of the study into OUT/runs/ as ``run_ablation`` would, and for a full-budget
+    run write its test predictions: what a worker process does (bench/ablation_worker.py)."""
+    log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    out = Path(out)
+    if name not in {f.name for f in configurations(cfg)}:
+        raise ConfigError(f"configuration {name!r} is not in the study")
+    variant = next((v for v in cfg.proxies if v.name == proxy), None)
+    if proxy is not None and variant is None:
+        raise ConfigError(f"proxy {proxy!r} is not in the study")
+    st = prepare_study(as_isoflop(cfg), out, data_dir, list(extra or []), log)
+    steps = {r["name"]: r["steps"] for r in make_plan(cfg, st, timed=False)["configs"]}
+    run_dir = out / "runs" / job_run_name(name, lr, seed, variant)
+    rec, _ = train_and_test(_job_config(cfg, st, steps, name, lr, seed, variant), run_dir, st.test_spec,
+                            cfg.eval_rows)
+    if variant is None:
+        write_test_predictions(run_dir, st)
+    return rec
+
+
+def _train_in_process_of_its_own(cfg: AblationConfig, out: Path, st: Study, name: str, lr: float | None,
+                                 seed: int, variant: ProxyVariant | None, run_dir: Path) -> dict[str, Any]:
+    """One run in a fresh Python process (output in OUT/logs/); TrainError naming the log when it fails."""
+    logs = out / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    log_path = logs / f"{run_dir.name}.txt"
+    cmd = [sys.executable, "-m", "opengem.bench.ablation_worker", str(out / "ablation.toml"), str(out),
+           str(st.data), name, "recipe" if lr is None else format(lr, "g"), str(seed),
+           variant.name if variant else "-", *st.extra]
+    with open(log_path, "w") as fh:
+        code = subprocess.call(cmd, stdout=fh, stderr=subprocess.STDOUT)
+    if code != 0 or not (run_dir / "result.json").exists():
+        tail = log_path.read_text().strip().splitlines()[-1:] or ["(no output)"]
+        raise TrainError(f"ablation: run {run_dir.name} failed (exit {code}): {tail[0]} (log: {log_path})")
+    return json.loads((run_dir / "result.json").read_text())
+
+
 def run_ablation(cfg: AblationConfig, out: str | Path, data_dir: str | Path | None = None,
                  run_overrides: list[str] | None = None, log: Callable[[str], None] | None = None,
                  plan_only: bool = False, time_plan: bool = True) -> dict[str, Any]:
@@ -285,20 +347,30 @@ def run_ablation(cfg: AblationConfig, out: str | Path, data_dir: str | Path | No
         return {"plan": plan, "plan_text": plan_text(plan)}
     fams = {f.name: f for f in configurations(cfg)}
     steps = {r["name"]: r["steps"] for r in plan["configs"]}
-    records: list[dict[str, Any]] = []
+    records: dict[str, dict[str, Any]] = {}
+    order: list[str] = []  # run names in the one-worker order, so that the CSV is the same with several
     trained = [0]
+    lock = threading.Lock()
 
-    def run(name: str, lr: float | None, seed: int, variant: ProxyVariant | None = None) -> dict[str, Any]:
-        n_steps = steps[name] if variant is None else proxy_steps(steps[name], variant)
-        rname = (run_name(name, 0, 0, lr, seed) if variant is None
-                 else f"proxy-{variant.name}-{name}-seed{seed}")
-        found = next((r for r in records if r["run"] == rname), None)
-        if found is not None:
-            return found
+    def run(job: tuple[str, float | None, int, ProxyVariant | None]) -> dict[str, Any]:
+        name, lr, seed, variant = job
+        rname = job_run_name(name, lr, seed, variant)
+        with lock:
+            if rname in records:
+                return records[rname]
         t1 = time.perf_counter()
-        rc = run_config(st, fams[name], n_steps, lr, seed, variant)
-        rec, now = train_and_test(rc, out / "runs" / rname, st.test_spec, cfg.eval_rows)
-        trained[0] += now
+        rc = _job_config(cfg, st, steps, name, lr, seed, variant)
+        run_dir = out / "runs" / rname
+        if cfg.workers > 1:
+            now = finished_run(rc, run_dir, st.test_spec, cfg.eval_rows) is None
+            if now:
+                _train_in_process_of_its_own(cfg, out, st, name, lr, seed, variant, run_dir)
+            rec = finished_run(rc, run_dir, st.test_spec, cfg.eval_rows)
+            if rec is None:
+                raise TrainError(f"ablation: run {rname} wrote a result for another config than the study's "
+                                 f"({run_dir / 'result.json'})")
+        else:
+            rec, now = train_and_test(rc, run_dir, st.test_spec, cfg.eval_rows)
         row = {"run": rname, "config": name, "proxy": variant.name if variant else None, "lr": lr,
                "seed": seed, "embedding_d": rc.model.embedding.d, "fwd_flops": rec["flops_per_example"],
                "steps": rec["steps"], "examples": rec["examples"],
@@ -307,30 +379,39 @@ def run_ablation(cfg: AblationConfig, out: str | Path, data_dir: str | Path | No
                "valid_ne": selection_ne(rec["valid"], cfg.metric),
                "test_ne": selection_ne(rec["test"], cfg.metric),
                "valid": rec["valid"], "test": rec["test"]}
-        records.append(row)
-        log(f"ablation: [{len(records)}] {rname}: {rec['examples']} rows, valid NE {row['valid_ne']:.5f}, "
-            f"test NE {row['test_ne']:.5f}, " + (f"{time.perf_counter() - t1:.1f}s" if now else "reused"))
+        with lock:
+            trained[0] += now
+            records[rname] = row
+            log(f"ablation: [{len(records)}] {rname}: {rec['examples']} rows, "
+                f"valid NE {row['valid_ne']:.5f}, test NE {row['test_ne']:.5f}, "
+                + (f"{time.perf_counter() - t1:.1f}s" if now else "reused"))
         return row
+
+    def run_all(jobs: list[tuple[str, float | None, int, ProxyVariant | None]]) -> list[dict[str, Any]]:
+        for job in jobs:
+            if job_run_name(*job) not in order:
+                order.append(job_run_name(*job))
+        if cfg.workers <= 1:
+            return [run(j) for j in jobs]
+        with ThreadPoolExecutor(cfg.workers) as pool:  # each run starts a process of its own
+            return list(pool.map(run, jobs))
 
     # 1. the learning rate: the full model at the budget, seed 0, lowest validation NE
     grid: list[float | None] = list(cfg.lr_grid) or [None]
-    lr_scores = {lr: run(FULL, lr, 0)["valid_ne"] for lr in grid}
+    lr_scores = {lr: row["valid_ne"] for lr, row in zip(grid, run_all([(FULL, lr, 0, None) for lr in grid]))}
     lr = min(grid, key=lambda x: lr_scores[x] if lr_scores[x] == lr_scores[x] else float("inf"))
-    # 2. every configuration x seed at the budget (seed-major: a stopped study has whole seeds)
-    for seed in range(cfg.seeds):
-        for name in fams:
-            run(name, lr, seed)
+    # 2. every configuration x seed at the budget (seed-major: a stopped one-worker study has whole seeds)
+    run_all([(name, lr, seed, None) for seed in range(cfg.seeds) for name in fams])
     # 3. the proxies
-    for v in cfg.proxies:
-        for seed in range(v.seeds or cfg.seeds):
-            for name in fams:
-                run(name, lr, seed, v)
+    run_all([(name, lr, seed, v) for v in cfg.proxies for seed in range(v.seeds or cfg.seeds)
+             for name in fams])
+    rows = [records[n] for n in order]
     preds = {(r["config"], r["seed"]): write_test_predictions(out / "runs" / r["run"], st)
-             for r in records if r["proxy"] is None and r["lr"] == lr}
-    result = summarize_ablation(cfg, st, records, lr, lr_scores, preds, plan, configurations(cfg)[0])
+             for r in rows if r["proxy"] is None and r["lr"] == lr}
+    result = summarize_ablation(cfg, st, rows, lr, lr_scores, preds, plan, configurations(cfg)[0])
     result["elapsed_s"] = time.perf_counter() - t_start
     result["runs_trained_now"] = trained[0]
-    write_ablation_outputs(out, records, result)
+    write_ablation_outputs(out, rows, result)
     return result
 
 
