@@ -225,7 +225,8 @@ def test_study_with_two_workers_matches_one_worker(tmp_path):
                                         log=lambda m: None)
     a, b = results[1], results[2]
     assert a["runs"] == b["runs"] == b["runs_trained_now"] == 1 + 2 * 2 + 2
-    assert [c["test_ne"] for c in a["configs"]] == pytest.approx([c["test_ne"] for c in b["configs"]], rel=1e-6)
+    ne_a, ne_b = [c["test_ne"] for c in a["configs"]], [c["test_ne"] for c in b["configs"]]
+    assert ne_a == pytest.approx(ne_b, rel=1e-6)
     da, db = a["configs"][1]["delta_ne"]["tasks"]["mean"], b["configs"][1]["delta_ne"]["tasks"]["mean"]
     assert da == pytest.approx(db, rel=1e-5, abs=1e-7)
 

@@ -23,9 +23,7 @@ each in a Python process of its own (bench/ablation_worker.py, logs in OUT/logs/
 
 from __future__ import annotations
 
-import json
 import re
-import subprocess
 import sys
 import tempfile
 import threading
@@ -47,6 +45,7 @@ from opengem.bench.isoflop import (
     run_name,
     selection_ne,
     train_and_test,
+    train_in_worker_process,
 )
 from opengem.bench.size_ladder import FamilySweep
 from opengem.config import ConfigError, load_config, save_config
@@ -314,23 +313,6 @@ def train_job(cfg: AblationConfig, out: str | Path, data_dir: str | Path | None,
     return rec
 
 
-def _train_in_process_of_its_own(cfg: AblationConfig, out: Path, st: Study, name: str, lr: float | None,
-                                 seed: int, variant: ProxyVariant | None, run_dir: Path) -> dict[str, Any]:
-    """One run in a fresh Python process (output in OUT/logs/); TrainError naming the log when it fails."""
-    logs = out / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    log_path = logs / f"{run_dir.name}.txt"
-    cmd = [sys.executable, "-m", "opengem.bench.ablation_worker", str(out / "ablation.toml"), str(out),
-           str(st.data), name, "recipe" if lr is None else format(lr, "g"), str(seed),
-           variant.name if variant else "-", *st.extra]
-    with open(log_path, "w") as fh:
-        code = subprocess.call(cmd, stdout=fh, stderr=subprocess.STDOUT)
-    if code != 0 or not (run_dir / "result.json").exists():
-        tail = log_path.read_text().strip().splitlines()[-1:] or ["(no output)"]
-        raise TrainError(f"ablation: run {run_dir.name} failed (exit {code}): {tail[0]} (log: {log_path})")
-    return json.loads((run_dir / "result.json").read_text())
-
-
 def run_ablation(cfg: AblationConfig, out: str | Path, data_dir: str | Path | None = None,
                  run_overrides: list[str] | None = None, log: Callable[[str], None] | None = None,
                  plan_only: bool = False, time_plan: bool = True) -> dict[str, Any]:
@@ -364,7 +346,11 @@ def run_ablation(cfg: AblationConfig, out: str | Path, data_dir: str | Path | No
         if cfg.workers > 1:
             now = finished_run(rc, run_dir, st.test_spec, cfg.eval_rows) is None
             if now:
-                _train_in_process_of_its_own(cfg, out, st, name, lr, seed, variant, run_dir)
+                train_in_worker_process(
+                    "opengem.bench.ablation_worker",
+                    [str(out / "ablation.toml"), str(out), str(st.data), name,
+                     "recipe" if lr is None else format(lr, "g"), str(seed), variant.name if variant else "-",
+                     *st.extra], out, run_dir, "ablation")
             rec = finished_run(rc, run_dir, st.test_spec, cfg.eval_rows)
             if rec is None:
                 raise TrainError(f"ablation: run {rname} wrote a result for another config than the study's "

@@ -652,17 +652,24 @@ def _record_order(r: dict[str, Any], families: list[str]) -> tuple[Any, ...]:
 
 
 def _train_in_process_of_its_own(out: Path, st: Study, job: Job, run_dir: Path) -> dict[str, Any]:
-    """Train one run with bench/isoflop_worker.py in a fresh Python process (its output in OUT/logs/), as
-    the study would in this one; raise TrainError naming the log when it fails."""
+    """Train one run with bench/isoflop_worker.py in a fresh Python process, as the study would here."""
+    return train_in_worker_process(
+        "opengem.bench.isoflop_worker",
+        [str(out / "isoflop.toml"), str(out), str(st.data), job.family, str(job.size), str(job.budget),
+         "recipe" if job.lr is None else format(job.lr, "g"), str(job.seed), *st.extra],
+        out, run_dir, "isoflop")
+
+
+def train_in_worker_process(module: str, args: list[str], out: Path, run_dir: Path, study: str
+                            ) -> dict[str, Any]:
+    """``python -m module args`` (a study's worker: trains the run into ``run_dir``), its output in
+    OUT/logs/<run>.txt; returns RUN/result.json; TrainError naming the log when the run fails."""
     logs = out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    log_path = logs / f"{job.name}.txt"
-    cmd = [sys.executable, "-m", "opengem.bench.isoflop_worker", str(out / "isoflop.toml"), str(out),
-           str(st.data), job.family, str(job.size), str(job.budget),
-           "recipe" if job.lr is None else format(job.lr, "g"), str(job.seed), *st.extra]
+    log_path = logs / f"{run_dir.name}.txt"
     with open(log_path, "w") as fh:
-        code = subprocess.call(cmd, stdout=fh, stderr=subprocess.STDOUT)
+        code = subprocess.call([sys.executable, "-m", module, *args], stdout=fh, stderr=subprocess.STDOUT)
     if code != 0 or not (run_dir / "result.json").exists():
         tail = log_path.read_text().strip().splitlines()[-1:] or ["(no output)"]
-        raise TrainError(f"isoflop: run {job.name} failed (exit {code}): {tail[0]} (log: {log_path})")
+        raise TrainError(f"{study}: run {run_dir.name} failed (exit {code}): {tail[0]} (log: {log_path})")
     return json.loads((run_dir / "result.json").read_text())
