@@ -248,3 +248,29 @@ def test_study_with_two_workers_matches_one_worker(tmp_path):
 def test_workers_config_checked():
     with pytest.raises(ConfigError, match="workers"):
         load_ablation_config(SMALL, ["workers=0"])
+
+
+def test_a_failed_worker_run_stops_the_stage(tmp_path, monkeypatch):
+    """With workers: the first failed run is raised, and the stage's runs not yet started never start."""
+    import threading
+    import time
+
+    import opengem.bench.ablation as ablation
+    from opengem.errors import TrainError
+
+    calls, lock = [], threading.Lock()
+
+    def fake_worker(module, args, out, run_dir, study):
+        with lock:
+            calls.append(run_dir.name)
+        if run_dir.name.endswith("lr0.001-seed0"):
+            raise TrainError(f"ablation: run {run_dir.name} failed (exit 1)")
+        time.sleep(0.5)
+        raise TrainError(f"ablation: run {run_dir.name} failed (exit 1)")
+
+    monkeypatch.setattr(ablation, "train_in_worker_process", fake_worker)
+    grid = "lr_grid=[1e-3, 2e-3, 3e-3, 4e-3, 5e-3, 6e-3, 7e-3, 8e-3]"
+    cfg = load_ablation_config(SMALL, ["budget=2e8", "seeds=2", grid, "min_steps=2", "workers=2"])
+    with pytest.raises(TrainError, match=r"lr0\.001-seed0"):
+        run_ablation(cfg, tmp_path, run_overrides=["data.sim.rows=8000"], log=lambda m: None)
+    assert 1 <= len(calls) <= 3 < 8, calls

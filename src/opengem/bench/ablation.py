@@ -380,7 +380,12 @@ def run_ablation(cfg: AblationConfig, out: str | Path, data_dir: str | Path | No
         if cfg.workers <= 1:
             return [run(j) for j in jobs]
         with ThreadPoolExecutor(cfg.workers) as pool:  # each run starts a process of its own
-            return list(pool.map(run, jobs))
+            futures = [pool.submit(run, j) for j in jobs]
+            try:
+                return [f.result() for f in futures]
+            except BaseException:  # the first failure: start nothing more, let the running ones finish
+                pool.shutdown(wait=True, cancel_futures=True)
+                raise
 
     # 1. the learning rate: the full model at the budget, seed 0, lowest validation NE
     grid: list[float | None] = list(cfg.lr_grid) or [None]
