@@ -1,9 +1,13 @@
 """Session 25 ladder pilot: new GEM sizes (this folder) beside session 24's batch-256 runs of GEM s1, DIN s1
 and DCNv2 s2 (same stream, rule and cpu_linear record). Per size and budget: the rate with the lowest mean
 validation NE over seeds 0-2, then that rate's test NE (the study's 16,384-row test slice)."""
-import collections, json, statistics
+import collections
+import json
+import statistics
 from pathlib import Path
+
 from opengem.bench.isoflop import selection_ne
+
 HERE = Path(__file__).parent
 recs = [json.loads(line) for line in open(HERE / "results_s24_bs256.jsonl")]  # session 24's, batch 256
 recs += [json.loads(line) for line in open(HERE / "results_s25.jsonl")]
@@ -11,7 +15,8 @@ METRIC = "tasks"  # the study's: mean of pooled click and conversion NE
 cell = collections.defaultdict(list)
 for r in recs:
     if r.get("exit") != 0 or "result" not in r:
-        print("FAILED", r); continue
+        print("FAILED", r)
+        continue
     res = r["result"]
     cell[(r["family"], r["size"], r["budget"], r["lr"])].append(
         (r["seed"], selection_ne(res["valid"], METRIC), selection_ne(res["test"], METRIC),
@@ -30,13 +35,14 @@ for b in (1, 2):
         lr = min(v, key=v.get)
         xs = sorted(row[lr])
         t = [x[2] for x in xs]
-        fmt = lambda k: f"{v[k]:.4f}" if k in v else "-"
-        print(f"| {f} | s{s} | {xs[0][4] / 1e6:.3f} | {xs[0][3]:,} | {fmt(0.003)} | {fmt(0.01)} | {lr:g} | "
-              f"{statistics.mean(t):.4f} ({', '.join('%.4f' % x for x in t)}) |")
+        va, vb = v.get(0.003, float("nan")), v.get(0.01, float("nan"))
+        print(f"| {f} | s{s} | {xs[0][4] / 1e6:.3f} | {xs[0][3]:,} | {va:.4f} | {vb:.4f} | {lr:g} | "
+              f"{statistics.mean(t):.4f} ({', '.join(f'{x:.4f}' for x in t)}) |")
 
-# each family's size chosen on validation (its best rate), then GEM minus each baseline on test, paired by seed
+# each family's size chosen on validation (its best rate), then GEM minus each baseline on test, by seed
 T2 = 4.303  # t(0.975, 2 df): 3 seeds
-print("\n## each family's best size and rate by mean validation NE; GEM minus each, test, paired by seed (95 % t)")
+print("\n## each family's best size and rate by mean validation NE; "
+      "GEM minus each, test, paired by seed (95 % t)")
 for b in (1, 2):
     best = {}
     for (f, s, bb, lr), xs in cell.items():

@@ -1,12 +1,14 @@
 """Forward FLOPs/example of each GEM size of a study config, split by part (embedding, cross, head, encoder,
 InterFormer)."""
 import sys
+
 sys.path.insert(0, "/work/s25/wt/src")
 from opengem.bench.isoflop import load_isoflop_config
 from opengem.bench.size_ladder import size_overrides
-from opengem.train.config import load_run_config
-from opengem.model.registry import build_model
 from opengem.data.dataset import Dataset
+from opengem.model.registry import build_model
+from opengem.train.config import load_run_config
+
 cfg = load_isoflop_config(sys.argv[1])
 ds = Dataset(sys.argv[2])
 fam = [f for f in cfg.families if f.name == "gem"][0]

@@ -1,10 +1,15 @@
 """Pilot (session 25): GEM's ladder below its edge at the mid budgets. The default study's GEM sizes are all
 >= 0.046 MFLOP/example while DCNv2 and DIN win there at 0.023-0.025. Three smaller GEM sizes (s3: s1 at d 4;
 s5: s3 with a 2x2 Wukong, k 2, MLP [16]; s6: s3 + two rank-8 cross layers), at 1.58e10 and 5e10, lr 3e-3 and
-1e-2, seeds 0-2, batch 256: the exact setting of session 24's batch pilot (same stream, same cpu_linear record),
+1e-2, seeds 0-2, batch 256: the exact setting of session 24's batch pilot (same stream, same cpu_linear
+record),
 whose GEM s1, DIN s1 and DCNv2 s2 runs are the comparison."""
-import json, os, subprocess, time
+import json
+import os
+import subprocess
+import time
 from concurrent.futures import ThreadPoolExecutor
+
 WT = "/work/s25/wt"
 PY = "/work/main/.venv/bin/python"
 DATA = "/work/s24/det/a/data"
@@ -20,7 +25,8 @@ def one(job):
     os.makedirs(os.path.dirname(log), exist_ok=True)
     t = time.time()
     with open(log, "w") as fh:
-        code = subprocess.call([PY, "-m", "opengem.bench.isoflop_worker", "configs/isoflop-pilot25.toml", f"{OUT}/bs256",
+        code = subprocess.call([PY, "-m", "opengem.bench.isoflop_worker", "configs/isoflop-pilot25.toml",
+                                f"{OUT}/bs256",
                                 DATA, "gem", str(s), str(b), lr, str(seed)], cwd=WT, env=env, stdout=fh,
                                stderr=subprocess.STDOUT)
     rec = {"family": "gem", "size": s, "budget": b, "batch": 256, "lr": float(lr), "seed": seed, "exit": code,

@@ -1,7 +1,11 @@
 """Pilot (session 25), part 3: GEM below s5 at 1.58e10 (s7: s5 + two rank-8 cross layers; s8: s5 reading the 4
 latest events; s9: s5 with one CLS token), lr 3e-3 and 1e-2, seeds 0-2, one worker (beside part 2)."""
-import json, os, subprocess, time
+import json
+import os
+import subprocess
+import time
 from concurrent.futures import ThreadPoolExecutor
+
 WT = "/work/s25/wt"
 PY = "/work/main/.venv/bin/python"
 DATA = "/work/s24/det/a/data"
@@ -17,7 +21,8 @@ def one(job):
     os.makedirs(os.path.dirname(log), exist_ok=True)
     t = time.time()
     with open(log, "w") as fh:
-        code = subprocess.call([PY, "-m", "opengem.bench.isoflop_worker", "configs/isoflop-pilot25.toml", f"{OUT}/bs256",
+        code = subprocess.call([PY, "-m", "opengem.bench.isoflop_worker", "configs/isoflop-pilot25.toml",
+                                f"{OUT}/bs256",
                                 DATA, "gem", str(s), str(b), lr, str(seed)], cwd=WT, env=env, stdout=fh,
                                stderr=subprocess.STDOUT)
     rec = {"family": "gem", "size": s, "budget": b, "batch": 256, "lr": float(lr), "seed": seed, "exit": code,

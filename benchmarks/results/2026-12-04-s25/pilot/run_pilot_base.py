@@ -1,14 +1,19 @@
-"""Pilot (session 25), part 2: every baseline family one or two sizes below its ladder edge too (DCNv2 s3 d 4
-MLP [8, 4], s4 d 2; DLRM s3 d 4, s4 d 4 MLP [16, 8]; DIN s3 d 4 small MLPs, s4 d 4), same budgets, rates, seeds
-and setting as part 1 (run_pilot.py)."""
-import json, os, subprocess, time
+"""Pilot (session 25), part 2: every baseline family one or two sizes below its ladder edge too (DCNv2
+s3 d 4 MLP [8, 4], s4 d 2; DLRM s3 d 4, s4 d 4 MLP [16, 8]; DIN s3 d 4 small MLPs, s4 d 4), same budgets,
+rates, seeds and setting as part 1 (run_pilot.py)."""
+import json
+import os
+import subprocess
+import time
 from concurrent.futures import ThreadPoolExecutor
+
 WT = "/work/s25/wt"
 PY = "/work/main/.venv/bin/python"
 DATA = "/work/s24/det/a/data"
 OUT = "/work/s25/pilot"
 fams = [("dcnv2", 3), ("dcnv2", 4), ("dlrm", 3), ("dlrm", 4), ("din", 3), ("din", 4)]
-jobs = [(b, f, s, lr, seed) for b in [1, 2] for seed in [0, 1, 2] for (f, s) in fams for lr in ["0.003", "0.01"]]
+jobs = [(b, f, s, lr, seed) for b in [1, 2] for seed in [0, 1, 2] for (f, s) in fams
+        for lr in ["0.003", "0.01"]]
 env = {**os.environ, "PYTHONPATH": f"{WT}/src", "OPENGEM_CPU_LINEAR_CACHE": f"{OUT}/cpu_linear.json"}
 
 def one(job):
@@ -18,7 +23,8 @@ def one(job):
     os.makedirs(os.path.dirname(log), exist_ok=True)
     t = time.time()
     with open(log, "w") as fh:
-        code = subprocess.call([PY, "-m", "opengem.bench.isoflop_worker", "configs/isoflop-pilot25.toml", f"{OUT}/bs256",
+        code = subprocess.call([PY, "-m", "opengem.bench.isoflop_worker", "configs/isoflop-pilot25.toml",
+                                f"{OUT}/bs256",
                                 DATA, f, str(s), str(b), lr, str(seed)], cwd=WT, env=env, stdout=fh,
                                stderr=subprocess.STDOUT)
     rec = {"family": f, "size": s, "budget": b, "batch": 256, "lr": float(lr), "seed": seed, "exit": code,
