@@ -21,8 +21,8 @@ for r in recs:
     cell[(r["family"], r["size"], r["budget"], r["lr"])].append(
         (r["seed"], selection_ne(res["valid"], METRIC), selection_ne(res["test"], METRIC),
          r["examples"], res["flops_per_example"]))
-names = {1: "1.58e10", 2: "5e10"}
-for b in (1, 2):
+names = {1: "1.58e10", 2: "5e10", 3: "1.58e11"}
+for b in (1, 2, 3):
     print(f"\n## budget {names[b]} (mean of seeds 0-2; chosen rate = lowest mean validation NE)")
     print("| family | size | MFLOP/ex | rows | valid lr 3e-3 | valid lr 1e-2 | chosen | test NE (3 seeds) |")
     print("|---|---|---|---|---|---|---|---|")
