@@ -1,5 +1,6 @@
-"""Pilot (session 25), part 4: GEM s6 (d 4 + two rank-8 cross layers, the 5e10 optimum) at 1.58e11, lr 3e-3 and
-1e-2, seeds 0-2: does the narrow optimum hold at the study's largest budget (its GEM choice there: s2 = d 8 + cross)?"""
+"""Pilot (session 25), part 4: GEM s6 (d 4 + two rank-8 cross layers, the 5e10 optimum) at 1.58e11, lr 3e-3
+and 1e-2, seeds 0-2: does the narrow optimum hold at the study's largest budget (its GEM choice there: s2 =
+d 8 + cross)?"""
 import json
 import os
 import subprocess
