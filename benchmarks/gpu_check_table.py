@@ -49,15 +49,10 @@ def table(out: Path) -> str:
             lines.append(f"{model:<7}failed{reason}: see {out}/bench-cold.log and bench-warm.log")
             continue
         c, w = cold.get(model, {}), warm.get(model, {})
-        lines.append(f"{model:<7}{r.get('precision', '?'):>5}{r['examples_per_s']:>12,.0f}{r['mfu']:>8.2%}"
-                     f"{r['mfu_full']:>9.2%}{r['peak_flops'] / 1e12:>13.1f}{r['peak_mem_mb'] / 1024:>12.2f}"
-                     f"{_s(c.get('time_to_first_step_s')):>16}{_s(w.get('time_to_first_step_s')):>16}")
+        lines.append(_bench_row(model, r, c.get("time_to_first_step_s"), w.get("time_to_first_step_s")))
     eager = runs_of(read_json(out / "bench-eager.json")).get("gem")
     if eager is not None:  # written only when GEM failed compiled: the same bench with compile off
-        lines.append(f"{'gem*':<7}{eager.get('precision', '?'):>5}{eager['examples_per_s']:>12,.0f}"
-                     f"{eager['mfu']:>8.2%}{eager['mfu_full']:>9.2%}{eager['peak_flops'] / 1e12:>13.1f}"
-                     f"{eager['peak_mem_mb'] / 1024:>12.2f}{_s(eager.get('time_to_first_step_s')):>16}"
-                     f"{'-':>16}")
+        lines.append(_bench_row("gem*", eager, eager.get("time_to_first_step_s"), None))
         lines.append("gem* = compile off (GEM failed compiled); its first step is without compilation")
     nccl = read_json(out / "nccl.json")
     if isinstance(nccl, dict) and nccl.get("ok"):
@@ -85,6 +80,12 @@ def table(out: Path) -> str:
         lines.append(f"batch {r0['batch_size']}, {r0['windows']} windows x {r0['steps']} steps, bf16 peak "
                      f"measured in each run; MFU on FLOPs at real history lengths, 'MFU full' at max_len")
     return "\n".join(lines)
+
+
+def _bench_row(name: str, r: dict[str, Any], first_cold_s: float | None, first_warm_s: float | None) -> str:
+    return (f"{name:<7}{r.get('precision', '?'):>5}{r['examples_per_s']:>12,.0f}{r['mfu']:>8.2%}"
+            f"{r['mfu_full']:>9.2%}{r['peak_flops'] / 1e12:>13.1f}{r['peak_mem_mb'] / 1024:>12.2f}"
+            f"{_s(first_cold_s):>16}{_s(first_warm_s):>16}")
 
 
 def _s(x: float | None) -> str:

@@ -344,17 +344,18 @@ def run_ablation(cfg: AblationConfig, out: str | Path, data_dir: str | Path | No
         rc = _job_config(cfg, st, steps, name, lr, seed, variant)
         run_dir = out / "runs" / rname
         if cfg.workers > 1:
-            now = finished_run(rc, run_dir, st.test_spec, cfg.eval_rows) is None
+            rec = finished_run(rc, run_dir, st.test_spec, cfg.eval_rows)
+            now = rec is None
             if now:
                 train_in_worker_process(
                     "opengem.bench.ablation_worker",
                     [str(out / "ablation.toml"), str(out), str(st.data), name,
                      "recipe" if lr is None else format(lr, "g"), str(seed), variant.name if variant else "-",
                      *st.extra], out, run_dir, "ablation")
-            rec = finished_run(rc, run_dir, st.test_spec, cfg.eval_rows)
-            if rec is None:
-                raise TrainError(f"ablation: run {rname} wrote a result for another config than the study's "
-                                 f"({run_dir / 'result.json'})")
+                rec = finished_run(rc, run_dir, st.test_spec, cfg.eval_rows)
+                if rec is None:
+                    raise TrainError(f"ablation: run {rname} wrote a result for another config than the "
+                                     f"study's ({run_dir / 'result.json'})")
         else:
             rec, now = train_and_test(rc, run_dir, st.test_spec, cfg.eval_rows)
         row = {"run": rname, "config": name, "proxy": variant.name if variant else None, "lr": lr,
@@ -374,9 +375,9 @@ def run_ablation(cfg: AblationConfig, out: str | Path, data_dir: str | Path | No
         return row
 
     def run_all(jobs: list[tuple[str, float | None, int, ProxyVariant | None]]) -> list[dict[str, Any]]:
-        for job in jobs:
-            if job_run_name(*job) not in order:
-                order.append(job_run_name(*job))
+        for rname in (job_run_name(*job) for job in jobs):
+            if rname not in order:
+                order.append(rname)
         if cfg.workers <= 1:
             return [run(j) for j in jobs]
         with ThreadPoolExecutor(cfg.workers) as pool:  # each run starts a process of its own
