@@ -248,6 +248,32 @@ def test_study_with_two_workers_matches_one_worker(tmp_path):
 def test_workers_config_checked():
     with pytest.raises(ConfigError, match="workers"):
         load_ablation_config(SMALL, ["workers=0"])
+    with pytest.raises(ConfigError, match="calibrate"):
+        load_ablation_config(SMALL, ["calibrate=isotonic"])
+
+
+def test_calibrated_study_reuses_its_runs_and_scores_test_through_the_fit(tmp_path):
+    """A finished uncalibrated study asked again with calibrate = platt trains nothing, fits every run's
+    calibration on its validation rows, and scores test through it: the metrics and the paired predictions
+    (rewritten: they are older than the fit) agree, so ΔNE is the calibrated test NE difference."""
+    over = ["budget=2e8", "seeds=2", "lr_grid=[]", "bootstrap=20", "min_steps=2"]
+    extra = ["data.sim.rows=40000"]  # validation days with enough labels for some cells' fits
+    res = {}
+    for cal in ("none", "platt"):
+        cfg = load_ablation_config(SMALL, [*over, f"calibrate={cal}"])
+        cfg.ablations, cfg.proxies = cfg.ablations[:1], []
+        res[cal] = run_ablation(cfg, tmp_path, run_overrides=extra, log=lambda m: None)
+    raw, cal = res["none"], res["platt"]
+    assert raw["runs_trained_now"] == 4 and cal["runs_trained_now"] == 0
+    for name in ("full-s0-b0-lrrecipe-seed0", f"{cfg.ablations[0].name}-s0-b0-lrrecipe-seed1"):
+        run = tmp_path / "runs" / name
+        rec = json.loads((run / "result.json").read_text())
+        assert rec["calibrate"] == "platt" and (run / "calibration.json").exists()
+        fit = (run / "calibration.json").stat().st_mtime
+        assert (run / "predictions-test.parquet").stat().st_mtime >= fit
+    assert [c["test_ne"] for c in cal["configs"]] != [c["test_ne"] for c in raw["configs"]]
+    full, abl = cal["configs"]
+    assert abl["delta_ne"]["tasks"]["mean"] == pytest.approx(abl["test_ne"] - full["test_ne"], abs=1e-5)
 
 
 def test_a_failed_worker_run_stops_the_stage(tmp_path, monkeypatch):

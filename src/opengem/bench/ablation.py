@@ -90,6 +90,10 @@ class AblationConfig:
     metric: str = "tasks"  # the NE a run is ranked by (see IsoflopConfig.metric)
     bootstrap: int = 1000  # resamples for every interval
     eval_rows: int = 0  # validation and test each on their first rows (whole eval batches); 0 = all rows
+    # none | platt | offset: each run's calibration fitted on its validation rows, as the iso-FLOP study's
+    # (IsoflopConfig.calibrate), and test (metrics and the paired predictions) scored through it; the rates
+    # are still chosen on the model's own validation NE
+    calibrate: str = "none"
     min_steps: int = 5  # refuse a plan in which a full-budget run gets fewer optimizer steps than this
     max_epochs: float = 1.0  # refuse a plan in which a run reads the training days more often
     plan_steps: int = 8  # --plan: time this many training steps per configuration (0 = no time estimate)
@@ -137,6 +141,8 @@ def validate_ablation(cfg: AblationConfig, where: str = "ablation") -> None:
     need(cfg.seeds >= 2, f"seeds must be >= 2: the intervals resample seeds (got {cfg.seeds})")
     need(all(lr > 0 for lr in cfg.lr_grid), f"lr_grid values must be > 0 (got {cfg.lr_grid})")
     need(cfg.workers >= 1, f"workers must be >= 1 (got {cfg.workers})")
+    need(cfg.calibrate in ("none", "platt", "offset"),
+         f"calibrate must be none, platt or offset (got {cfg.calibrate!r})")
     need(cfg.bootstrap >= 0 and cfg.min_steps >= 1 and cfg.max_epochs > 0 and cfg.eval_rows >= 0
          and cfg.plan_steps >= 0,
          "bootstrap >= 0, min_steps >= 1, max_epochs > 0, eval_rows >= 0 and plan_steps >= 0")
@@ -161,8 +167,8 @@ def as_isoflop(cfg: AblationConfig) -> IsoflopConfig:
     """The iso-FLOP config whose one budget and one-size families are this study's configurations."""
     return IsoflopConfig(base=cfg.base, overrides=list(cfg.overrides), budgets=[cfg.budget],
                          families=configurations(cfg), seeds=cfg.seeds, lr_grid=list(cfg.lr_grid),
-                         metric=cfg.metric, eval_rows=cfg.eval_rows, min_steps=cfg.min_steps,
-                         max_epochs=cfg.max_epochs)
+                         metric=cfg.metric, eval_rows=cfg.eval_rows, calibrate=cfg.calibrate,
+                         min_steps=cfg.min_steps, max_epochs=cfg.max_epochs)
 
 
 def proxy_steps(full_steps: int, variant: ProxyVariant) -> int:
@@ -269,12 +275,17 @@ def make_plan(cfg: AblationConfig, st: Study, timed: bool) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------- the study
 def write_test_predictions(run_dir: Path, st: Study) -> Path:
-    """RUN/predictions-test.parquet: every test row's probabilities and labels (the per-row bootstrap)."""
+    """RUN/predictions-test.parquet: every test row's probabilities and labels (the per-row bootstrap),
+    through the run's calibration where it has one (as ``opengem predict`` scores); written again when the
+    checkpoint or the calibration is newer than it."""
+    from opengem.train.calibration import CALIBRATION
     from opengem.train.predict import predict_run
 
     out = run_dir / "predictions-test.parquet"
     ckpt_dir = run_dir / "checkpoints"
-    newest = max((p.stat().st_mtime for p in ckpt_dir.rglob("*") if p.is_file()), default=0.0)
+    cal = run_dir / CALIBRATION
+    inputs = [p for p in ckpt_dir.rglob("*") if p.is_file()] + [cal] * cal.exists()
+    newest = max((p.stat().st_mtime for p in inputs), default=0.0)
     if not out.exists() or out.stat().st_mtime < newest:
         predict_run(run_dir, out, st.data, st.test_spec, force=True)
     return out
@@ -307,7 +318,7 @@ def train_job(cfg: AblationConfig, out: str | Path, data_dir: str | Path | None,
     steps = {r["name"]: r["steps"] for r in make_plan(cfg, st, timed=False)["configs"]}
     run_dir = out / "runs" / job_run_name(name, lr, seed, variant)
     rec, _ = train_and_test(_job_config(cfg, st, steps, name, lr, seed, variant), run_dir, st.test_spec,
-                            cfg.eval_rows)
+                            cfg.eval_rows, cfg.calibrate)
     if variant is None:
         write_test_predictions(run_dir, st)
     return rec
@@ -344,7 +355,7 @@ def run_ablation(cfg: AblationConfig, out: str | Path, data_dir: str | Path | No
         rc = _job_config(cfg, st, steps, name, lr, seed, variant)
         run_dir = out / "runs" / rname
         if cfg.workers > 1:
-            rec = finished_run(rc, run_dir, st.test_spec, cfg.eval_rows)
+            rec = finished_run(rc, run_dir, st.test_spec, cfg.eval_rows, cfg.calibrate)
             now = rec is None
             if now:
                 train_in_worker_process(
@@ -352,12 +363,12 @@ def run_ablation(cfg: AblationConfig, out: str | Path, data_dir: str | Path | No
                     [str(out / "ablation.toml"), str(out), str(st.data), name,
                      "recipe" if lr is None else format(lr, "g"), str(seed), variant.name if variant else "-",
                      *st.extra], out, run_dir, "ablation")
-                rec = finished_run(rc, run_dir, st.test_spec, cfg.eval_rows)
+                rec = finished_run(rc, run_dir, st.test_spec, cfg.eval_rows, cfg.calibrate)
                 if rec is None:
                     raise TrainError(f"ablation: run {rname} wrote a result for another config than the "
                                      f"study's ({run_dir / 'result.json'})")
         else:
-            rec, now = train_and_test(rc, run_dir, st.test_spec, cfg.eval_rows)
+            rec, now = train_and_test(rc, run_dir, st.test_spec, cfg.eval_rows, cfg.calibrate)
         row = {"run": rname, "config": name, "proxy": variant.name if variant else None, "lr": lr,
                "seed": seed, "embedding_d": rc.model.embedding.d, "fwd_flops": rec["flops_per_example"],
                "steps": rec["steps"], "examples": rec["examples"],
