@@ -604,3 +604,38 @@ def test_format_difference_prints_the_interval_and_stars_what_excludes_zero():
     assert format_difference(excludes) == "-0.0500 [-0.0727, -0.0273] *"
     includes = welch_difference([1.0, 2.0, 3.0], [0.0, 0.0, 0.0])  # 2 +- 4.303 x 0.5774
     assert format_difference(includes) == "+2.0000 [-0.4843, +4.4843]"
+
+
+def test_isoflop_scorecard_reads_the_targets_off_the_report():
+    """The scorecard says where the reference is below each family, whether the largest budget's interval
+    excludes 0, the efficiency ratio against the 2x target (the interval's lower end decides "meets"),
+    calibration in bounds per family and the DLRM -> oracle gap closed at the largest budget."""
+    from opengem.bench.isoflop_report import scorecard
+
+    def point(pooled_ok: bool, cells_ok: bool) -> dict:
+        return {"calibration": {"pooled_ok": pooled_ok, "cells_ok": cells_ok}}
+
+    def diff(d: float, lo: float, hi: float) -> dict:
+        return {"diff": d, "ci95": [lo, hi], "excludes_zero": lo > 0 or hi < 0}
+
+    def eff(ratio: float, lo: float, hi: float) -> dict:
+        return {"ratio": ratio, "ci95": [lo, hi], "reachable": True}
+
+    res = {"efficiency_reference": "gem", "budgets": [1e9, 1e10],
+           "frontier": {"gem": [point(True, True), point(True, False)],
+                        "dlrm": [point(True, True), point(False, False)]},
+           "difference_vs_reference": {"dlrm": [diff(0.01, 0.005, 0.015), diff(-0.02, -0.03, -0.01)],
+                                       "dcnv2": [diff(-0.01, -0.02, 0.01), diff(-0.001, -0.01, 0.008)]},
+           "efficiency": {"dlrm": [eff(0.5, 0.4, 0.6), eff(3.0, 2.5, 4.0)],
+                          "dcnv2": [eff(1.0, 0.5, 2.0), eff(2.2, 1.4, 5.0)]},
+           "gap_closed_vs_dlrm": {"gem": [{"all/click": 0.1}, {"all/click": 0.3, "all/conversion": 0.6}]}}
+    text = "\n".join(scorecard(res))
+    assert "vs dlrm    gem below at 1 of 2 budgets (1.00e+10); at the largest: below, interval excludes 0" \
+        in text
+    assert "vs dcnv2   gem below at 2 of 2 budgets" in text and "at the largest: interval spans 0" in text
+    assert "efficiency vs dlrm    at the largest budget 3x [95 % 2.5, 4] (meets the 2x target)" in text
+    assert "2.2x [95 % 1.4, 5] (the point estimate meets, the interval reaches below, the 2x target)" in text
+    assert "calibration gem     pooled in [0.95, 1.05] at 2 of 2 budgets, every cell in [0.85, 1.15] at 1 " \
+        "of 2" in text
+    assert "calibration dlrm    pooled in [0.95, 1.05] at 1 of 2" in text
+    assert "all/click 30.0%, all/conversion 60.0% (target 50%: not met)" in text

@@ -313,6 +313,52 @@ def _frontier_rows_note(res: dict[str, Any]) -> str:
             " (frontier_test_rows; the rule chose on validation only)")
 
 
+EFFICIENCY_TARGET = 2.0  # issue 14: the budget a baseline needs to reach the reference's frontier NE, >= 2x
+GAP_TARGET = 0.5  # issue 14: share of the DLRM -> oracle NE gap the reference closes at the largest budget
+
+
+def scorecard(res: dict[str, Any]) -> list[str]:
+    """The reference family against the study's targets (issue 14), read off the report's own numbers: where
+    its frontier NE is below each family's, whether the largest budget's difference excludes 0, the
+    efficiency ratio there, calibration in bounds per family, and the DLRM -> oracle gap it closes."""
+    ref = res["efficiency_reference"]
+    if ref not in res["frontier"]:
+        return []
+    budgets, last = res["budgets"], len(res["budgets"]) - 1
+    lines = ["", f"scorecard of {ref} (issue 14's targets; from the numbers above):"]
+    for fam, rows in (res.get("difference_vs_reference") or {}).items():
+        below = [f"{budgets[b]:.2e}" for b, r in enumerate(rows) if r["diff"] < 0]
+        r = rows[last]
+        verdict = ("below, interval excludes 0" if r["diff"] < 0 and r["excludes_zero"] else
+                   "above, interval excludes 0" if r["excludes_zero"] else "interval spans 0")
+        lines.append(f"  vs {fam:<7} {ref} below at {len(below)} of {len(rows)} budgets"
+                     + (f" ({', '.join(below)})" if below else "") + f"; at the largest: {verdict}")
+    for fam, rows in res["efficiency"].items():
+        r = rows[last]
+        if r["ratio"] != r["ratio"] or not r["reachable"]:
+            continue
+        lo = r["ci95"][0]
+        ok = ("meets" if lo == lo and lo >= EFFICIENCY_TARGET else
+              "the point estimate meets, the interval reaches below," if r["ratio"] >= EFFICIENCY_TARGET else
+              "below")
+        lines.append(f"  efficiency vs {fam:<7} at the largest budget {r['ratio']:.3g}x [95 % "
+                     f"{_fmt(r['ci95'][0], '.3g')}, {_fmt(r['ci95'][1], '.3g')}] "
+                     f"({ok} the {EFFICIENCY_TARGET:g}x target)")
+    for fam, fr in res["frontier"].items():
+        pooled = sum(bool(p["calibration"].get("pooled_ok")) for p in fr)
+        cells = sum(bool(p["calibration"].get("cells_ok")) for p in fr)
+        lines.append(f"  calibration {fam:<7} pooled in [{POOLED_BOUNDS[0]}, {POOLED_BOUNDS[1]}] at {pooled} "
+                     f"of {len(fr)} budgets, every cell in [{CELL_BOUNDS[0]}, {CELL_BOUNDS[1]}] at {cells} "
+                     f"of {len(fr)}")
+    gap = (res.get("gap_closed_vs_dlrm") or {}).get(ref)
+    if gap:
+        g = gap[last]
+        met = "met" if g and min(g.values()) >= GAP_TARGET else "not met"
+        lines.append(f"  DLRM -> oracle gap closed by {ref} at the largest budget: "
+                     + ", ".join(f"{k} {v:.1%}" for k, v in g.items()) + f" (target {GAP_TARGET:.0%}: {met})")
+    return lines
+
+
 def format_study(res: dict[str, Any]) -> str:
     """The printed report: lr choice, frontier (NE +- CI, calibration), laws, efficiency ratios."""
     lines = [f"NE metric: {res['metric']} ({', '.join(res['metric_keys'])}) on the test day "
@@ -391,6 +437,7 @@ def format_study(res: dict[str, Any]) -> str:
                 f"C={res['budgets'][b]:.2e} {_fmt(r['diff'], '+.4f')} [{_fmt(r['ci95'][0], '+.4f')}, "
                 f"{_fmt(r['ci95'][1], '+.4f')}]" + ("*" if r["excludes_zero"] else "")
                 for b, r in enumerate(rows)))
+    lines += scorecard(res)
     lines += ["", "iso-FLOP curves (test NE per size, seed 0; * = compute-optimal by validation):"]
     for fam, per_b in res["isoflop_curves"].items():
         for b, pts in enumerate(per_b):
