@@ -639,3 +639,29 @@ def test_isoflop_scorecard_reads_the_targets_off_the_report():
         "of 2" in text
     assert "calibration dlrm    pooled in [0.95, 1.05] at 1 of 2" in text
     assert "all/click 30.0%, all/conversion 60.0% (target 50%: not met)" in text
+
+
+def test_isoflop_train_window_latest_reads_the_newest_days(tmp_path):
+    """train_window = latest: a run reads the latest whole training days that hold its rows (all of them
+    when it needs more); the default reads every training day."""
+    from opengem.bench.isoflop import latest_days, load_isoflop_config, prepare_study
+
+    days = [("day=000", 10), ("day=001", 10), ("day=002", 10)]
+    assert latest_days(days, 5) == latest_days(days, 10) == "day=002"
+    assert latest_days(days, 11) == "day=001,day=002" and latest_days(days, 99) == "day=000,day=001,day=002"
+    studies = {}
+    for window in ("all", "latest"):
+        cfg = load_isoflop_config(ISO_SMALL, [f"train_window={window}"])
+        studies[window] = prepare_study(cfg, tmp_path / window, None, ["data.sim.rows=8000"], lambda m: None,
+                                        plan_only=True)
+    st = studies["latest"]
+    fam, train = st.cfg.families[0], st.train_spec.split(",")
+    assert [d for d, _ in st.day_rows] == train and len(train) >= 2
+    batch = st.run_config(fam, 0, 1, None, 0).data.batch_size
+    first_day = st.day_rows[-1][1]
+    assert st.run_config(fam, 0, 1, None, 0).data.train == train[-1]
+    assert st.run_config(fam, 0, first_day // batch + 1, None, 0).data.train == ",".join(train[-2:])
+    assert st.run_config(fam, 0, st.train_rows // batch, None, 0).data.train == st.train_spec
+    assert studies["all"].run_config(fam, 0, 1, None, 0).data.train == studies["all"].train_spec
+    with pytest.raises(ConfigError, match="train_window"):
+        load_isoflop_config(ISO_SMALL, ["train_window=newest"])

@@ -96,6 +96,11 @@ class IsoflopConfig:
     frontier_calibration_rows: int = -1
     min_steps: int = 8  # refuse a plan in which some run gets fewer optimizer steps than this
     max_epochs: float = 1.0  # refuse a plan in which some run reads the training days more often
+    # Which training rows a run reads. all: row groups drawn (shuffled) from every training day, so every
+    # budget's rows span the same days; latest: the latest whole training days that hold the run's rows (a
+    # ranker with a fixed training budget trains on its most recent window; in the simulator the value of a
+    # feature cross drifts day by day, drift_rad_per_day). Needs day=NNN partitions.
+    train_window: str = "all"
     # runs trained at once, each in its own process (set train.threads so that workers x threads fits the
     # cores); 1 = one after another in this process. The rule and every run's result are the same either way
     workers: int = 1
@@ -163,6 +168,8 @@ def validate_isoflop(cfg: IsoflopConfig, where: str = "isoflop") -> None:
     need(cfg.calibrate in ("none", "platt", "offset"),
          f"calibrate must be none, platt or offset (got {cfg.calibrate!r})")
     need(cfg.workers >= 1, f"workers must be >= 1 (got {cfg.workers})")
+    need(cfg.train_window in ("all", "latest"),
+         f"train_window must be all or latest (got {cfg.train_window!r})")
     need(cfg.bootstrap >= 0 and cfg.min_steps >= 1 and cfg.max_epochs > 0 and cfg.eval_rows >= 0,
          "bootstrap >= 0, min_steps >= 1, max_epochs > 0 and eval_rows >= 0")
     for key in ("frontier_test_rows", "frontier_calibration_rows"):
@@ -268,6 +275,7 @@ class Study:
     extra: list[str]
     fwd: dict[str, list[int]] = field(default_factory=dict)
     sizes: dict[str, list[list[str]]] = field(default_factory=dict)
+    day_rows: list[tuple[str, int]] = field(default_factory=list)  # train_window = latest: days, oldest first
 
     def run_config(self, fam: FamilySweep, size: int, steps: int, lr: float | None, seed: int) -> Any:
         from opengem.train.config import load_run_config
@@ -281,6 +289,8 @@ class Study:
         rc = load_run_config(self.cfg.base, ovr)
         rc.data.path = str(self.data)
         rc.data.train, rc.data.eval = self.train_spec, self.valid_spec
+        if self.cfg.train_window == "latest":
+            rc.data.train = latest_days(self.day_rows, steps * rc.data.batch_size)
         rc.train.steps = steps
         rc.train.seed = seed
         rc.train.early_stop.patience = 0
@@ -290,6 +300,18 @@ class Study:
             rc.train.lr = lr
         rc.validate()
         return rc
+
+
+def latest_days(day_rows: list[tuple[str, int]], rows: int) -> str:
+    """The partition spec of the latest days (``day_rows``: oldest first) that together hold ``rows``; all of
+    them when they hold fewer (the plan refuses more than max_epochs passes)."""
+    chosen, have = [], 0
+    for day, n in reversed(day_rows):
+        chosen.append(day)
+        have += n
+        if have >= rows:
+            break
+    return ",".join(reversed(chosen))
 
 
 def config_sha256(rc: Any) -> str:
@@ -475,6 +497,11 @@ def prepare_study(cfg: IsoflopConfig, out: Path, data_dir: str | Path | None, ex
     log(f"isoflop: data {data} ({rows} training rows; train {train}, validation {valid}, test {test}) "
         f"ready in {time.perf_counter() - t0:.1f}s")
     st = Study(cfg, out, data, train, valid, test, rows, extra)
+    if cfg.train_window == "latest":
+        if train.startswith("@"):
+            raise ConfigError(f"{data}: train_window = latest needs day=NNN partitions (have {train})")
+        st.day_rows = [(d, sum(pq.ParquetFile(f).metadata.num_rows for f in ds.files(d)))
+                       for d in train.split(",")]
     for fam in cfg.families:
         st.sizes[fam.name] = size_overrides(fam)
         ladder = []
