@@ -50,5 +50,31 @@ def main(study: str, pilot: str) -> None:
               f"{d.mean():+.4f} [{lo:+.4f}, {hi:+.4f}] |")
 
 
+def latest_frontier(pilot: str) -> None:
+    """Per budget, the latest-window runs' test NE per family and GEM minus each (95 % Welch-style interval
+    with the conservative min(n) - 1 degrees of freedom): the cells are the study's frontier cells."""
+    per: dict[str, dict[str, np.ndarray]] = defaultdict(dict)
+    for f in sorted(Path(pilot).glob("runs/*/recency.json")):
+        fam, _, budget = f.parent.name.split("-")[:3]
+        rec = json.loads(f.read_text())
+        per[budget].setdefault(fam, np.array([]))
+        per[budget][fam] = np.append(per[budget][fam], selection_ne(rec["test"], "tasks"))
+    print("\nlatest window, frontier cells: test NE per family; GEM minus each [95 %]")
+    for budget, fams in sorted(per.items()):
+        line = f"  {budget}: " + ", ".join(f"{k} {v.mean():.4f} (n {v.size})"
+                                         for k, v in sorted(fams.items()))
+        g = fams.get("gem")
+        if g is not None and g.size > 1:
+            for k, v in sorted(fams.items()):
+                if k == "gem" or v.size < 2:
+                    continue
+                d = g.mean() - v.mean()
+                se = np.sqrt(g.var(ddof=1) / g.size + v.var(ddof=1) / v.size)
+                half = T975[min(g.size, v.size) - 1] * se
+                line += f"; - {k} {d:+.4f} [{d - half:+.4f}, {d + half:+.4f}]"
+        print(line)
+
+
 if __name__ == "__main__":
     main(*sys.argv[1:3])
+    latest_frontier(sys.argv[2])
