@@ -225,17 +225,17 @@ def plan_grid(budgets: list[float], fwd_flops: dict[str, list[int]], batch_size:
     return plan
 
 
-def format_plan(plan: list[PlannedRun], lrs: int, seeds: int, size_seeds: int = 1, size_finalists: int = 1
-                ) -> str:
-    """The grid as a table, plus the run count of the whole study (grid + lr grid + the size choice's seeds +
-    extra seeds)."""
+def format_plan(plan: list[PlannedRun], lrs: int, seeds: int, size_seeds: int = 1, size_finalists: int = 1,
+                lr_budgets: int = 1) -> str:
+    """The grid as a table, plus the run count of the whole study (grid + lr grid, at ``lr_budgets`` budgets +
+    the size choice's seeds + extra seeds)."""
     lines = [f"{'family':<8}{'size':>5}{'C':>10}{'MFLOP/ex':>10}{'steps':>8}{'rows':>10}{'epochs':>8}"]
     for r in plan:
         lines.append(f"{r.family:<8}{r.size:>5}{r.flops_budget:>10.3g}{r.fwd_flops / 1e6:>10.3f}"
                      f"{r.steps:>8d}{r.examples:>10d}{r.epochs:>8.3f}")
     fams = sorted({r.family for r in plan})
     budgets = len({r.budget for r in plan})
-    n = len(plan) + len(fams) * max(lrs - 1, 0)
+    n = len(plan) + len(fams) * lr_budgets * max(lrs - 1, 0)
     for fam in fams:  # per budget: the seeds of the size choice's other finalists, then the frontier's seeds
         ladder = len({r.size for r in plan if r.family == fam})
         others = (min(size_finalists, ladder) - 1) * (size_seeds - 1) if size_seeds > 1 else 0
@@ -538,7 +538,8 @@ def run_study(cfg: IsoflopConfig, out: str | Path, data_dir: str | Path | None =
     if plan_only:
         return {"plan": [asdict(p) for p in plan], "train_rows": st.train_rows, "batch_size": batch,
                 "plan_text": format_plan(plan, len(cfg.lr_grid), cfg.seeds, cfg.size_seeds,
-                                                 cfg.size_finalists)}
+                                         cfg.size_finalists,
+                                         len(cfg.budgets) if cfg.lr_budgets == "each" else 1)}
     fams = {f.name: f for f in cfg.families}
     cell = {(p.family, p.size, p.budget): p for p in plan}
     records: list[dict[str, Any]] = []
