@@ -36,6 +36,7 @@ from typing import Any
 
 from opengem.bench.ablation_report import FULL, format_ablation, summarize_ablation, write_ablation_outputs
 from opengem.bench.isoflop import (
+    CALIBRATE_CHOICES,
     REPO,
     IsoflopConfig,
     Study,
@@ -141,7 +142,7 @@ def validate_ablation(cfg: AblationConfig, where: str = "ablation") -> None:
     need(cfg.seeds >= 2, f"seeds must be >= 2: the intervals resample seeds (got {cfg.seeds})")
     need(all(lr > 0 for lr in cfg.lr_grid), f"lr_grid values must be > 0 (got {cfg.lr_grid})")
     need(cfg.workers >= 1, f"workers must be >= 1 (got {cfg.workers})")
-    need(cfg.calibrate in ("none", "platt", "offset"),
+    need(cfg.calibrate in CALIBRATE_CHOICES,
          f"calibrate must be none, platt or offset (got {cfg.calibrate!r})")
     need(cfg.bootstrap >= 0 and cfg.min_steps >= 1 and cfg.max_epochs > 0 and cfg.eval_rows >= 0
          and cfg.plan_steps >= 0,

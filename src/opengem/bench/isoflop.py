@@ -55,6 +55,9 @@ REPO = Path(__file__).resolve().parents[3]
 BUDGETS = ("small", "default", "large")
 
 
+CALIBRATE_CHOICES = ("none", "platt", "offset")  # a study's calibrate: none, or train.calibration.METHODS
+
+
 @dataclass
 class IsoflopConfig:
     """One study: the recipe every run starts from, the budgets, the families' size ladders, the lr rule."""
@@ -165,7 +168,7 @@ def validate_isoflop(cfg: IsoflopConfig, where: str = "isoflop") -> None:
     need(cfg.lr_size >= 0, f"lr_size must be >= 0 (got {cfg.lr_size})")
     need(cfg.lr_budgets in ("smallest", "each"),
          f"lr_budgets must be smallest or each (got {cfg.lr_budgets!r})")
-    need(cfg.calibrate in ("none", "platt", "offset"),
+    need(cfg.calibrate in CALIBRATE_CHOICES,
          f"calibrate must be none, platt or offset (got {cfg.calibrate!r})")
     need(cfg.workers >= 1, f"workers must be >= 1 (got {cfg.workers})")
     need(cfg.train_window in ("all", "latest"),
