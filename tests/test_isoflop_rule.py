@@ -141,3 +141,32 @@ def test_workers_config_checked():
 
     with pytest.raises(ConfigError, match="workers"):
         load_isoflop_config(ISO_SMALL, ["workers=0"])
+
+
+def test_lr_extend_walks_past_the_grid_edge_until_the_best_rate_is_bracketed():
+    """fake_ne's best rate at budget 0 is 1e-2, the grid's top: one step up (3e-2) brackets it; above budget 0
+    the best (3e-3) is inside the grid, so nothing more runs there. With the optimum moved above the grid the
+    walk goes on until lr_extend steps are spent."""
+    choice, calls = _drive(_cfg(lr_extend=2), 1)
+    for fam in ("gem", "dlrm"):
+        c = choice[fam]
+        assert c.lr == [1e-2, 3e-3, 3e-3]
+        assert set(c.lr_grid[0]) == {"0.001", "0.003", "0.01", "0.03"}
+        assert [set(g) for g in c.lr_grid[1:]] == [{"0.001", "0.003", "0.01"}] * 2
+        assert f"{fam}-s0-b0-lr0.03-seed1" in calls and f"{fam}-s0-b0-lr0.1-seed0" not in calls
+    none, _ = _drive(_cfg(lr_extend=0), 1)
+    assert [set(g) for g in none["gem"].lr_grid] == [{"0.001", "0.003", "0.01"}] * 3
+
+
+def test_next_rate_steps_outward_from_an_edge_and_stops_inside_or_on_nan():
+    from opengem.bench.isoflop_rule import next_rate
+
+    rates = [1e-3, 3e-3, 1e-2]
+    assert next_rate(rates, {1e-3: 0.9, 3e-3: 0.8, 1e-2: 0.7}) == 3e-2
+    assert next_rate(rates, {1e-3: 0.7, 3e-3: 0.8, 1e-2: 0.9}) == 3e-4
+    assert next_rate(rates, {1e-3: 0.9, 3e-3: 0.7, 1e-2: 0.8}) is None
+    assert next_rate(rates + [3e-2], {1e-3: 0.9, 3e-3: 0.8, 1e-2: 0.75, 3e-2: 0.7}) == 1e-1
+    nan = float("nan")
+    assert next_rate(rates, {1e-3: nan, 3e-3: nan, 1e-2: nan}) is None
+    assert next_rate(rates, {1e-3: 0.9, 3e-3: 0.8, 1e-2: nan}) is None  # the top diverged: 3e-3 is inside
+    assert next_rate([1e-3], {1e-3: 0.5}) is None

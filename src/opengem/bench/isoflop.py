@@ -15,7 +15,8 @@ Steps, in order (each run's result is OUT/runs/<name>/result.json; a killed stud
    largest budget's best size, which says whether the choice transfers to 30x the compute.
    ``lr_budgets = "each"`` runs the grid at every budget instead and uses each budget's own choice there
    (session 12 measured the smallest budget's choice under-tuning DCNv2 at the two largest budgets by up to
-   0.016 NE).
+   0.016 NE). ``lr_extend`` > 0 walks past the grid's edge, one rate at a time, while the best rate tried
+   is the highest or the lowest, so that every family's chosen rate is bracketed by worse ones.
 2. every (budget, family, size) at the family's rate, seed 0;
 3. the best size per (budget, family) by validation NE, rerun with seeds 1 .. seeds-1. With
    ``size_seeds`` > 1 the ``size_finalists`` sizes with the lowest seed-0 validation NE first run seeds
@@ -76,6 +77,10 @@ class IsoflopConfig:
     # seeds 0 .. lr_seeds-1 of every rate of the grid; the rate with the lowest mean validation NE wins.
     # Session 13: one seed's validation NE chose a rate that tested worse over 9 seeds in 2 of 8 cells.
     lr_seeds: int = 1
+    # up to this many rates beyond the grid, one at a time, while a budget's best rate is the highest or the
+    # lowest tried there (the grid's ratio at that edge: 1e-2 -> 3e-2, 1e-3 -> 3e-4); 0 = the grid alone.
+    # Session 26's default study chose its grid's top rate for GEM and Wukong at every budget, never bracketed
+    lr_extend: int = 0
     # seeds 0 .. size_seeds-1 at each of the size_finalists sizes with the lowest seed-0 validation NE; the
     # lowest mean validation NE over them is each budget's size. 1 = seed 0 alone chooses (the original rule)
     size_seeds: int = 1
@@ -162,6 +167,7 @@ def validate_isoflop(cfg: IsoflopConfig, where: str = "isoflop") -> None:
         need(cfg.lr_size < n, f"lr_size = {cfg.lr_size} but family {f.name!r} has {n} sizes")
     need(cfg.seeds >= 1, f"seeds must be >= 1 (got {cfg.seeds})")
     need(cfg.lr_seeds >= 1, f"lr_seeds must be >= 1 (got {cfg.lr_seeds})")
+    need(cfg.lr_extend >= 0, f"lr_extend must be >= 0 (got {cfg.lr_extend})")
     need(cfg.size_seeds >= 1 and cfg.size_finalists >= 1,
          f"size_seeds and size_finalists must be >= 1 (got {cfg.size_seeds}, {cfg.size_finalists})")
     need(all(lr > 0 for lr in cfg.lr_grid), f"lr_grid values must be > 0 (got {cfg.lr_grid})")
@@ -229,7 +235,7 @@ def plan_grid(budgets: list[float], fwd_flops: dict[str, list[int]], batch_size:
 
 
 def format_plan(plan: list[PlannedRun], lrs: int, seeds: int, size_seeds: int = 1, size_finalists: int = 1,
-                lr_budgets: int = 1) -> str:
+                lr_budgets: int = 1, lr_extend: int = 0) -> str:
     """The grid as a table, plus the run count of the whole study (grid + lr grid, at ``lr_budgets`` budgets +
     the size choice's seeds + extra seeds)."""
     lines = [f"{'family':<8}{'size':>5}{'C':>10}{'MFLOP/ex':>10}{'steps':>8}{'rows':>10}{'epochs':>8}"]
@@ -243,8 +249,10 @@ def format_plan(plan: list[PlannedRun], lrs: int, seeds: int, size_seeds: int = 
         ladder = len({r.size for r in plan if r.family == fam})
         others = (min(size_finalists, ladder) - 1) * (size_seeds - 1) if size_seeds > 1 else 0
         n += budgets * (others + max(seeds, size_seeds) - 1)
+    extend = (f", + up to {len(fams) * lr_budgets * lr_extend} rates beyond the grid's edges (each may move "
+              "the family's runs at that budget to the new rate)" if lr_extend else "")
     lines.append(f"{len(plan)} grid runs; with the lr grid and the extra seeds about {n} runs "
-                 f"(+ up to {2 * len(fams)} lr-transfer checks)")
+                 f"(+ up to {2 * len(fams)} lr-transfer checks{extend})")
     return "\n".join(lines)
 
 
@@ -542,7 +550,8 @@ def run_study(cfg: IsoflopConfig, out: str | Path, data_dir: str | Path | None =
         return {"plan": [asdict(p) for p in plan], "train_rows": st.train_rows, "batch_size": batch,
                 "plan_text": format_plan(plan, len(cfg.lr_grid), cfg.seeds, cfg.size_seeds,
                                          cfg.size_finalists,
-                                         len(cfg.budgets) if cfg.lr_budgets == "each" else 1)}
+                                         len(cfg.budgets) if cfg.lr_budgets == "each" else 1,
+                                         cfg.lr_extend if cfg.lr_grid else 0)}
     fams = {f.name: f for f in cfg.families}
     cell = {(p.family, p.size, p.budget): p for p in plan}
     records: list[dict[str, Any]] = []

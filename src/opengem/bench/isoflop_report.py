@@ -138,6 +138,8 @@ def summarize_study(cfg: Any, st: Any, records: list[dict[str, Any]], lr_choice:
             "validation NE; each budget's rate at every size of the family there" if each else
             f"grid {cfg.lr_grid} at the smallest budget on ladder rung {cfg.lr_size}, {seeds}, "
             "lowest mean validation NE; reused at every budget and size of the family")
+    if cfg.lr_extend:
+        rule += f"; while the best is the grid's edge, up to {cfg.lr_extend} rates beyond it, one at a time"
     size_rule = ("lowest seed-0 validation NE at each budget's rate" if cfg.size_seeds == 1 else
                  f"the {cfg.size_finalists} sizes with the lowest seed-0 validation NE at each budget's "
                  f"rate, then the lowest mean validation NE over seeds 0-{cfg.size_seeds - 1}")

@@ -9,6 +9,7 @@ exactly those of the one-at-a-time study (the same rule reads the same numbers).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Generator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -55,6 +56,33 @@ def nan_last(x: float) -> float:
     return x if x == x else float("inf")
 
 
+def next_rate(rates: list[float], scores: dict[float, float]) -> float | None:
+    """The rate one grid step beyond the edge the best of ``rates`` (ascending) sits on, or None when the best
+    is inside them (the optimum is bracketed) or did not train (NaN). The step is the rates' own ratio at
+    that edge; on a 1-3-10 grid the new rate stays on it (1e-3, 3e-3, 1e-2 -> 3e-2, then 1e-1; 3e-4 below),
+    otherwise it is rounded to one significant digit."""
+    if len(rates) < 2:
+        return None
+    best = min(rates, key=lambda lr: nan_last(scores[lr]))
+    if scores[best] != scores[best]:
+        return None
+    if best == rates[-1]:
+        new = best * rates[-1] / rates[-2]
+    elif best == rates[0]:
+        new = best * rates[0] / rates[1]
+    else:
+        return None
+    if all(_mantissa(lr) in (1, 3) for lr in rates):
+        e0 = math.floor(math.log10(new))
+        return min((float(f"{m}e{e}") for e in range(e0 - 1, e0 + 2) for m in (1, 3)),
+                   key=lambda c: abs(math.log(c / new)))
+    return float(f"{new:.0e}")
+
+
+def _mantissa(lr: float) -> float:
+    return round(lr / 10.0 ** math.floor(math.log10(lr)), 6)
+
+
 def family_rule(cfg: Any, family: str, n_sizes: int) -> Rule:
     """Steps 1-4 of the study for one family (``cfg``: an IsoflopConfig). Each ``yield`` is a batch of runs;
     the answer is the validation NE of every finished run by name (at least this batch's)."""
@@ -65,13 +93,28 @@ def family_rule(cfg: Any, family: str, n_sizes: int) -> Rule:
     def ne(size: int, b: int, lr: float | None, seed: int) -> float:
         return answers[run_name(family, size, b, lr, seed)]
 
+    def grid_ne(b: int, lr: float | None) -> float:
+        return float(np.mean([ne(cfg.lr_size, b, lr, s) for s in range(cfg.lr_seeds)]))
+
     # 1. the learning rate: the grid on rung lr_size, at the smallest budget or at each
     answers = yield [Job(family, cfg.lr_size, b, lr, seed, "lr-grid")
                      for b in grid_budgets for lr in grid for seed in range(cfg.lr_seeds)]
+    tried = {b: list(grid) for b in grid_budgets}
+    # ... walked outward while a budget's best rate is an edge of the rates tried there (lr_extend steps)
+    for _ in range(cfg.lr_extend if cfg.lr_grid else 0):
+        step = {b: lr for b in grid_budgets
+                if (lr := next_rate(sorted(tried[b]), {r: grid_ne(b, r) for r in tried[b]})) is not None}
+        if not step:
+            break
+        answers = yield [Job(family, cfg.lr_size, b, lr, seed, "lr-grid")
+                         for b, lr in step.items() for seed in range(cfg.lr_seeds)]
+        for b, lr in step.items():
+            tried[b].append(lr)
     chosen, lr_grid = [], []
     for b in grid_budgets:
-        scores = {lr: float(np.mean([ne(cfg.lr_size, b, lr, s) for s in range(cfg.lr_seeds)])) for lr in grid}
-        chosen.append(min(grid, key=lambda lr: nan_last(scores[lr])))
+        rates = sorted(tried[b], key=lambda lr: 0.0 if lr is None else lr)
+        scores = {lr: grid_ne(b, lr) for lr in rates}
+        chosen.append(min(rates, key=lambda lr: nan_last(scores[lr])))
         lr_grid.append({("recipe" if lr is None else format(lr, "g")): v for lr, v in scores.items()})
     lrs = chosen if len(chosen) == n_budgets else chosen * n_budgets
     # 2. every size at every budget, seed 0, at the budget's rate
@@ -94,8 +137,8 @@ def family_rule(cfg: Any, family: str, n_sizes: int) -> Rule:
     # 4. does the rate transfer? its grid neighbours at the largest budget's best size
     if cfg.lr_check and cfg.lr_grid:
         last = n_budgets - 1
-        grid_s = sorted(cfg.lr_grid)
-        j = grid_s.index(lrs[last])  # type: ignore[arg-type]
+        grid_s = sorted(tried[0])  # type: ignore[type-var]
+        j = grid_s.index(lrs[last])
         near = grid_s[max(j - 1, 0):j + 2]
         answers = yield [Job(family, best[last], last, lr, 0, "lr-check") for lr in near]
         choice.lr_check = {format(lr, "g"): ne(best[last], last, lr, 0) for lr in near}
