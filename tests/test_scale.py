@@ -172,6 +172,11 @@ def test_isoflop_plan_arithmetic():
     assert "12 grid runs" in format_plan(plan, lrs=3, seeds=3)  # + 2 lr + 2 x 2 seeds per family = 24
     assert "about 24 runs" in format_plan(plan, lrs=3, seeds=3)
     assert "about 28 runs" in format_plan(plan, lrs=3, seeds=3, lr_budgets=2)  # the lr grid at both budgets
+    assert "lr-transfer" in format_plan(plan, lrs=3, seeds=3)
+    quiet = format_plan(plan, lrs=3, seeds=3, lr_budgets=2, lr_check=False)
+    assert "lr-transfer" not in quiet and "beyond" not in quiet
+    assert "up to 8 rates beyond the grid's edges" in format_plan(plan, lrs=3, seeds=3, lr_budgets=2,
+                                                                 lr_extend=2, lr_check=False)
     with pytest.raises(ConfigError, match="passes over"):
         plan_grid([6e8, 6e9], fwd, {"a": 10, "b": 10}, train_rows=10_000)
     with pytest.raises(ConfigError, match="min_steps"):

@@ -235,7 +235,7 @@ def plan_grid(budgets: list[float], fwd_flops: dict[str, list[int]], batch_size:
 
 
 def format_plan(plan: list[PlannedRun], lrs: int, seeds: int, size_seeds: int = 1, size_finalists: int = 1,
-                lr_budgets: int = 1, lr_extend: int = 0) -> str:
+                lr_budgets: int = 1, lr_extend: int = 0, lr_check: bool = True) -> str:
     """The grid as a table, plus the run count of the whole study (grid + lr grid, at ``lr_budgets`` budgets +
     the size choice's seeds + extra seeds)."""
     lines = [f"{'family':<8}{'size':>5}{'C':>10}{'MFLOP/ex':>10}{'steps':>8}{'rows':>10}{'epochs':>8}"]
@@ -249,10 +249,11 @@ def format_plan(plan: list[PlannedRun], lrs: int, seeds: int, size_seeds: int = 
         ladder = len({r.size for r in plan if r.family == fam})
         others = (min(size_finalists, ladder) - 1) * (size_seeds - 1) if size_seeds > 1 else 0
         n += budgets * (others + max(seeds, size_seeds) - 1)
-    extend = (f", + up to {len(fams) * lr_budgets * lr_extend} rates beyond the grid's edges (each may move "
-              "the family's runs at that budget to the new rate)" if lr_extend else "")
-    lines.append(f"{len(plan)} grid runs; with the lr grid and the extra seeds about {n} runs "
-                 f"(+ up to {2 * len(fams)} lr-transfer checks{extend})")
+    more = ([f"up to {2 * len(fams)} lr-transfer checks"] if lr_check and lrs > 1 else []) + (
+        [f"up to {len(fams) * lr_budgets * lr_extend} rates beyond the grid's edges (each may move the "
+         "family's runs at that budget to the new rate)"] if lr_extend else [])
+    lines.append(f"{len(plan)} grid runs; with the lr grid and the extra seeds about {n} runs"
+                 + "".join(f" (+ {m})" for m in more))
     return "\n".join(lines)
 
 
@@ -551,7 +552,7 @@ def run_study(cfg: IsoflopConfig, out: str | Path, data_dir: str | Path | None =
                 "plan_text": format_plan(plan, len(cfg.lr_grid), cfg.seeds, cfg.size_seeds,
                                          cfg.size_finalists,
                                          len(cfg.budgets) if cfg.lr_budgets == "each" else 1,
-                                         cfg.lr_extend if cfg.lr_grid else 0)}
+                                         cfg.lr_extend if cfg.lr_grid else 0, cfg.lr_check)}
     fams = {f.name: f for f in cfg.families}
     cell = {(p.family, p.size, p.budget): p for p in plan}
     records: list[dict[str, Any]] = []
