@@ -170,3 +170,18 @@ def test_next_rate_steps_outward_from_an_edge_and_stops_inside_or_on_nan():
     assert next_rate(rates, {1e-3: nan, 3e-3: nan, 1e-2: nan}) is None
     assert next_rate(rates, {1e-3: 0.9, 3e-3: 0.8, 1e-2: nan}) is None  # the top diverged: 3e-3 is inside
     assert next_rate([1e-3], {1e-3: 0.5}) is None
+
+
+def test_lr_extend_with_lr_check_when_the_chosen_rate_lies_beyond_the_grid():
+    """Best rate 3e-3 at budget 0 (inside the grid), 3e-2 above it (beyond): the walk finds 3e-2 at the larger
+    budgets only, and the transfer check reruns the largest budget's neighbours among the rates tried there.
+    """
+    def ne(job: Job) -> float:
+        best = 3e-3 if job.budget == 0 else 3e-2
+        return 0.8 + 0.02 * abs(np.log10(job.lr / best)) + 0.01 * abs(job.size - 1)
+
+    choice = run_rules({"gem": family_rule(_cfg(lr_extend=2, lr_seeds=1), "gem", 3)}, ne)["gem"]
+    assert choice.lr == [3e-3, 3e-2, 3e-2]
+    assert set(choice.lr_grid[0]) == {"0.001", "0.003", "0.01"}
+    assert [set(g) for g in choice.lr_grid[1:]] == [{"0.001", "0.003", "0.01", "0.03", "0.1"}] * 2
+    assert set(choice.lr_check) == {"0.01", "0.03", "0.1"}

@@ -137,7 +137,7 @@ def family_rule(cfg: Any, family: str, n_sizes: int) -> Rule:
     # 4. does the rate transfer? its grid neighbours at the largest budget's best size
     if cfg.lr_check and cfg.lr_grid:
         last = n_budgets - 1
-        grid_s = sorted(tried[0])  # type: ignore[type-var]
+        grid_s = sorted(tried[grid_budgets[-1]])  # type: ignore[type-var]  # the rates the last rate came from
         j = grid_s.index(lrs[last])
         near = grid_s[max(j - 1, 0):j + 2]
         answers = yield [Job(family, best[last], last, lr, 0, "lr-check") for lr in near]
