@@ -249,7 +249,7 @@ def format_plan(plan: list[PlannedRun], lrs: int, seeds: int, size_seeds: int = 
         ladder = len({r.size for r in plan if r.family == fam})
         others = (min(size_finalists, ladder) - 1) * (size_seeds - 1) if size_seeds > 1 else 0
         n += budgets * (others + max(seeds, size_seeds) - 1)
-    more = ([f"up to {2 * len(fams)} lr-transfer checks"] if lr_check and lrs > 1 else []) + (
+    more = ([f"up to {2 * len(fams)} lr-transfer checks"] if lr_check and lrs > 0 else []) + (
         [f"up to {len(fams) * lr_budgets * lr_extend} rates beyond the grid's edges (each may move the "
          "family's runs at that budget to the new rate)"] if lr_extend else [])
     lines.append(f"{len(plan)} grid runs; with the lr grid and the extra seeds about {n} runs"
