@@ -251,7 +251,7 @@ def format_plan(plan: list[PlannedRun], lrs: int, seeds: int, size_seeds: int = 
         n += budgets * (others + max(seeds, size_seeds) - 1)
     more = ([f"up to {2 * len(fams)} lr-transfer checks"] if lr_check and lrs > 0 else []) + (
         [f"up to {len(fams) * lr_budgets * lr_extend} rates beyond the grid's edges (each may move the "
-         "family's runs at that budget to the new rate)"] if lr_extend else [])
+         "family's runs at that budget to the new rate)"] if lr_extend and lrs > 0 else [])
     lines.append(f"{len(plan)} grid runs; with the lr grid and the extra seeds about {n} runs"
                  + "".join(f" (+ {m})" for m in more))
     return "\n".join(lines)
@@ -552,7 +552,7 @@ def run_study(cfg: IsoflopConfig, out: str | Path, data_dir: str | Path | None =
                 "plan_text": format_plan(plan, len(cfg.lr_grid), cfg.seeds, cfg.size_seeds,
                                          cfg.size_finalists,
                                          len(cfg.budgets) if cfg.lr_budgets == "each" else 1,
-                                         cfg.lr_extend if cfg.lr_grid else 0, cfg.lr_check)}
+                                         cfg.lr_extend, cfg.lr_check)}
     fams = {f.name: f for f in cfg.families}
     cell = {(p.family, p.size, p.budget): p for p in plan}
     records: list[dict[str, Any]] = []
