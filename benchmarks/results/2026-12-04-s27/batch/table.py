@@ -14,13 +14,13 @@ def ne(rec: dict, split: str) -> float:
 
 
 study, out = sys.argv[1:]
-cells = sorted({p.name.rsplit("-seed", 1)[0] for p in Path(out, "runs").glob("*-bs128")})
+cells = sorted({p.name.rsplit("-seed", 1)[0] for p in Path(out, "runs").glob("*-seed*")})
 print("| cell | valid NE bs 256 / 128 (mean of seeds 0-2) | test NE (slice) bs 256 / 128 "
       "| test 128 - 256, per seed |")
 print("|---|---|---|---|")
 for cell in cells:
     a = [json.loads(Path(study, "runs", f"{cell}-seed{s}", "result.json").read_text()) for s in range(3)]
-    b = [json.loads(Path(out, "runs", f"{cell}-seed{s}-bs128", "result.json").read_text()) for s in range(3)]
+    b = [json.loads(Path(out, "runs", f"{cell}-seed{s}", "result.json").read_text()) for s in range(3)]
     va, vb = np.mean([ne(r, "valid") for r in a]), np.mean([ne(r, "valid") for r in b])
     ta, tb = [ne(r, "test") for r in a], [ne(r, "test") for r in b]
     d = " / ".join(f"{y - x:+.4f}" for x, y in zip(ta, tb))
