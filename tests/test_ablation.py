@@ -92,6 +92,32 @@ def test_seeds_pair_the_data_order_across_configurations(planned, tmp_path):
     assert first_ids(FULL, 4) != a
 
 
+def test_train_window_latest_reads_the_newest_days_for_each_configuration(tmp_path):
+    """train_window = latest (as the iso-FLOP study's): every configuration, and a proxy with its fewer rows,
+    reads the newest whole training days that hold its own rows; the default reads every training day."""
+    from opengem.bench.ablation import as_isoflop
+    from opengem.bench.isoflop import prepare_study
+
+    studies = {}
+    for window in ("all", "latest"):
+        cfg = load_ablation_config(SMALL, ["max_epochs=20", f"train_window={window}"])
+        assert as_isoflop(cfg).train_window == window
+        studies[window] = prepare_study(as_isoflop(cfg), tmp_path / window, None, ["data.sim.rows=4000"],
+                                        lambda m: None, plan_only=True)
+    st = studies["latest"]
+    fams = {f.name: f for f in configurations(cfg)}
+    train = st.train_spec.split(",")
+    newest = st.day_rows[-1][1]
+    assert run_config(st, fams[FULL], 1, None, 0).data.train == train[-1]
+    assert run_config(st, fams["d24"], newest // BATCH + 1, None, 0).data.train == ",".join(train[-2:])
+    proxy = ProxyVariant("p", rows_fraction=0.25)
+    steps = proxy_steps(4 * (newest // BATCH), proxy)  # a full run of ~4 days, its proxy: the newest
+    assert run_config(st, fams[FULL], steps, None, 0, proxy).data.train == train[-1]
+    assert run_config(studies["all"], fams[FULL], 1, None, 0).data.train == studies["all"].train_spec
+    with pytest.raises(ConfigError, match="train_window"):
+        load_ablation_config(SMALL, ["train_window=newest"])
+
+
 def _fake_rows(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
     p_true = rng.uniform(0.02, 0.3, n)

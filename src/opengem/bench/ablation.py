@@ -95,6 +95,9 @@ class AblationConfig:
     # (IsoflopConfig.calibrate), and test (metrics and the paired predictions) scored through it; the rates
     # are still chosen on the model's own validation NE
     calibrate: str = "none"
+    # all | latest: which training days a run reads, as the iso-FLOP study's (IsoflopConfig.train_window):
+    # latest = the newest whole days that hold its rows (a proxy's fewer rows: fewer, still the newest, days)
+    train_window: str = "all"
     min_steps: int = 5  # refuse a plan in which a full-budget run gets fewer optimizer steps than this
     max_epochs: float = 1.0  # refuse a plan in which a run reads the training days more often
     plan_steps: int = 8  # --plan: time this many training steps per configuration (0 = no time estimate)
@@ -144,6 +147,8 @@ def validate_ablation(cfg: AblationConfig, where: str = "ablation") -> None:
     need(cfg.workers >= 1, f"workers must be >= 1 (got {cfg.workers})")
     need(cfg.calibrate in CALIBRATE_CHOICES,
          f"calibrate must be none, platt or offset (got {cfg.calibrate!r})")
+    need(cfg.train_window in ("all", "latest"),
+         f"train_window must be all or latest (got {cfg.train_window!r})")
     need(cfg.bootstrap >= 0 and cfg.min_steps >= 1 and cfg.max_epochs > 0 and cfg.eval_rows >= 0
          and cfg.plan_steps >= 0,
          "bootstrap >= 0, min_steps >= 1, max_epochs > 0, eval_rows >= 0 and plan_steps >= 0")
@@ -169,7 +174,7 @@ def as_isoflop(cfg: AblationConfig) -> IsoflopConfig:
     return IsoflopConfig(base=cfg.base, overrides=list(cfg.overrides), budgets=[cfg.budget],
                          families=configurations(cfg), seeds=cfg.seeds, lr_grid=list(cfg.lr_grid),
                          metric=cfg.metric, eval_rows=cfg.eval_rows, calibrate=cfg.calibrate,
-                         min_steps=cfg.min_steps, max_epochs=cfg.max_epochs)
+                         min_steps=cfg.min_steps, max_epochs=cfg.max_epochs, train_window=cfg.train_window)
 
 
 def proxy_steps(full_steps: int, variant: ProxyVariant) -> int:
