@@ -24,7 +24,8 @@ def runs(folder: Path) -> dict[tuple, dict[int, tuple[float, float, int]]]:
         if m:
             rec = json.loads(f.read_text())
             key = (m["fam"], int(m["budget"]), m["lr"], int(m["size"]))
-            out.setdefault(key, {})[int(m["seed"])] = (ne(rec, "valid"), ne(rec, "test"), rec.get("examples", 0))
+            seed = int(m["seed"])
+            out.setdefault(key, {})[seed] = (ne(rec, "valid"), ne(rec, "test"), rec.get("examples", 0))
     return out
 
 
