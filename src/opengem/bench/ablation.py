@@ -38,6 +38,7 @@ from opengem.bench.ablation_report import FULL, format_ablation, summarize_ablat
 from opengem.bench.isoflop import (
     CALIBRATE_CHOICES,
     REPO,
+    TRAIN_WINDOWS,
     IsoflopConfig,
     Study,
     finished_run,
@@ -147,7 +148,7 @@ def validate_ablation(cfg: AblationConfig, where: str = "ablation") -> None:
     need(cfg.workers >= 1, f"workers must be >= 1 (got {cfg.workers})")
     need(cfg.calibrate in CALIBRATE_CHOICES,
          f"calibrate must be none, platt or offset (got {cfg.calibrate!r})")
-    need(cfg.train_window in ("all", "latest"),
+    need(cfg.train_window in TRAIN_WINDOWS,
          f"train_window must be all or latest (got {cfg.train_window!r})")
     need(cfg.bootstrap >= 0 and cfg.min_steps >= 1 and cfg.max_epochs > 0 and cfg.eval_rows >= 0
          and cfg.plan_steps >= 0,

@@ -57,6 +57,7 @@ BUDGETS = ("small", "default", "large")
 
 
 CALIBRATE_CHOICES = ("none", "platt", "offset")  # a study's calibrate: none, or train.calibration.METHODS
+TRAIN_WINDOWS = ("all", "latest")  # a study's train_window (IsoflopConfig.train_window)
 
 
 @dataclass
@@ -177,7 +178,7 @@ def validate_isoflop(cfg: IsoflopConfig, where: str = "isoflop") -> None:
     need(cfg.calibrate in CALIBRATE_CHOICES,
          f"calibrate must be none, platt or offset (got {cfg.calibrate!r})")
     need(cfg.workers >= 1, f"workers must be >= 1 (got {cfg.workers})")
-    need(cfg.train_window in ("all", "latest"),
+    need(cfg.train_window in TRAIN_WINDOWS,
          f"train_window must be all or latest (got {cfg.train_window!r})")
     need(cfg.bootstrap >= 0 and cfg.min_steps >= 1 and cfg.max_epochs > 0 and cfg.eval_rows >= 0,
          "bootstrap >= 0, min_steps >= 1, max_epochs > 0 and eval_rows >= 0")
