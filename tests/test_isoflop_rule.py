@@ -82,6 +82,40 @@ def test_rule_smallest_budget_rate_and_one_seed():
     assert choice["gem"].lr_check == {}
 
 
+def size_lr_ne(job: Job) -> float:
+    """A made-up validation NE in which the best rate falls with size (1e-2, 3e-3, 1e-3 for sizes 0-2) and
+    size 2 is the best size at the largest budget only when it trains at its own rate."""
+    best_lr = (1e-2, 3e-3, 1e-3)[job.size]
+    size_term = (-0.005 if job.budget == 2 else 0.005) * job.size
+    return 0.8 + 0.02 * abs(np.log10(job.lr / best_lr)) + size_term + job.seed * 1e-5
+
+
+def test_rule_each_size_trains_at_its_own_rate():
+    """lr_sizes = "each": the grid (and its walk past the edge) runs on every rung at every budget, every size
+    trains at its own rate, and the size choice compares sizes at their own rates; with one rate (rung 0's)
+    the largest budget's best size is hidden behind a rate too high for it."""
+    def drive(**kw):
+        calls: list[str] = []
+
+        def run(job: Job) -> float:
+            calls.append(job.name)
+            return size_lr_ne(job)
+
+        cfg = _cfg(lr_seeds=1, lr_check=False, **kw)
+        return run_rules({"gem": family_rule(cfg, "gem", 3)}, run)["gem"], set(calls)
+
+    one, _ = drive(lr_sizes="one")
+    assert one.lr == [1e-2] * 3 and one.best == [0, 0, 0]
+    each, calls = drive(lr_sizes="each", lr_extend=1)
+    assert each.lr_sizes == [[1e-2, 3e-3, 1e-3]] * 3
+    assert each.best == [0, 0, 2] and each.lr == [1e-2, 1e-2, 1e-3]
+    assert set(each.lr_grid[2]) == {f"s{i} {lr:g}" for i in range(3) for lr in (1e-3, 3e-3, 1e-2)} | {
+        "s0 0.03", "s2 0.0003"}  # the edges walked past on rungs 0 and 2, not on rung 1 (bracketed)
+    assert {"gem-s0-b1-lr0.03-seed0", "gem-s2-b1-lr0.0003-seed0"} <= calls
+    assert not any(n.startswith("gem-s1") and ("0.03" in n or "0.0003" in n) for n in calls)
+    assert "gem-s2-b2-lr0.001-seed2" in calls and "gem-s2-b2-lr0.01-seed1" not in calls
+
+
 def test_several_workers_choose_what_one_worker_does():
     one, calls1 = _drive(_cfg(), 1)
     four, calls4 = _drive(_cfg(), 4)

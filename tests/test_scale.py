@@ -173,6 +173,10 @@ def test_isoflop_plan_arithmetic():
     assert "about 24 runs" in format_plan(plan, lrs=3, seeds=3)
     assert "about 28 runs" in format_plan(plan, lrs=3, seeds=3, lr_budgets=2)  # the lr grid at both budgets
     assert "lr-transfer" in format_plan(plan, lrs=3, seeds=3)
+    # lr_sizes = "each": the grid on all 3 rungs of both families at both budgets (2 more rates x 12 rungs)
+    assert "about 44 runs" in format_plan(plan, lrs=3, seeds=3, lr_budgets=2, lr_each_size=True)
+    assert "up to 24 rates beyond" in format_plan(plan, lrs=3, seeds=3, lr_budgets=2, lr_extend=2,
+                                                  lr_each_size=True)
     quiet = format_plan(plan, lrs=3, seeds=3, lr_budgets=2, lr_check=False)
     assert "lr-transfer" not in quiet and "beyond" not in quiet
     assert "up to 8 rates beyond the grid's edges" in format_plan(plan, lrs=3, seeds=3, lr_budgets=2,
@@ -330,6 +334,35 @@ def test_isoflop_learning_rate_chosen_per_budget(tmp_path):
     assert f"chose {chosen}" in text and f"budget 1: chose {chosen[1]}" in text
     with pytest.raises(ConfigError, match="lr_budgets"):
         load_isoflop_config(ISO_SMALL, ["lr_budgets=largest"])
+
+
+def test_isoflop_learning_rate_chosen_per_size(tmp_path):
+    """lr_sizes = "each": every rung runs the grid at every budget, and the curves, the size choice and the
+    frontier read each size at its own rate."""
+    from opengem.bench.isoflop import load_isoflop_config, run_study
+    from opengem.bench.isoflop_report import format_study
+
+    cfg = load_isoflop_config(ISO_SMALL, ["budgets=[1.0e8, 4.0e8]", "seeds=1", "lr_grid=[1e-3, 3e-2]",
+                                          "lr_check=false", "lr_budgets=each", "lr_sizes=each", "bootstrap=5",
+                                          "min_steps=2"], ["dlrm"])
+    cfg.families[0].sizes = cfg.families[0].sizes[:2]
+    res = run_study(cfg, tmp_path, run_overrides=["data.sim.rows=8000", "data.eval_batch_size=4096"],
+                    log=lambda m: None)
+    per_size, grids = res["lr"]["per_size"]["dlrm"], res["lr"]["grid"]["dlrm"]
+    assert "every ladder rung" in res["lr"]["rule"] and res["runs"] == 8  # 2 budgets x 2 sizes x 2 rates
+    for b, grid in enumerate(grids):
+        assert set(grid) == {f"s{i} {lr}" for i in (0, 1) for lr in ("0.001", "0.03")}
+        for i in (0, 1):
+            own = {k.split()[1]: v for k, v in grid.items() if k.startswith(f"s{i} ")}
+            assert format(per_size[b][i], "g") == min(own, key=own.get)
+        curve = {q["size"]: q["valid_ne"] for q in res["isoflop_curves"]["dlrm"][b]}
+        assert curve == {i: grid[f"s{i} {per_size[b][i]:g}"] for i in (0, 1)}
+        best = res["frontier"]["dlrm"][b]
+        assert best["lr"] == per_size[b][best["size"]] == res["lr"]["chosen"]["dlrm"][b]
+        assert best["valid_ne"] == min(curve.values())
+    assert "s1 0.03" in format_study(res)
+    with pytest.raises(ConfigError, match="lr_sizes must be one or each"):
+        load_isoflop_config(ISO_SMALL, ["lr_sizes=all"])
 
 
 def test_isoflop_learning_rate_chosen_on_several_seeds(tmp_path):

@@ -13,6 +13,7 @@ Steps, in order (each run's result is OUT/runs/<name>/result.json; a killed stud
    ladder (``lr_size``), seeds 0 .. ``lr_seeds``-1, lowest mean validation NE wins; the rate is reused at
    every budget and size of that family. ``lr_check`` reruns the grid's neighbours of the chosen rate at the
    largest budget's best size, which says whether the choice transfers to 30x the compute.
+   ``lr_sizes = "each"`` runs the grid (and its extension) on every rung and trains each size at its own rate.
    ``lr_budgets = "each"`` runs the grid at every budget instead and uses each budget's own choice there
    (session 12 measured the smallest budget's choice under-tuning DCNv2 at the two largest budgets by up to
    0.016 NE). ``lr_extend`` > 0 walks past the grid's edge, one rate at a time, while the best rate tried
@@ -75,6 +76,10 @@ class IsoflopConfig:
     lr_check: bool = True  # rerun the neighbouring rates at the largest budget's best size
     # smallest: choose the rate at the smallest budget and reuse it everywhere | each: choose it per budget
     lr_budgets: str = "smallest"
+    # one: the rate chosen on rung lr_size trains every size | each: the grid runs on every rung and each size
+    # trains at its own rate (session 28: the rate chosen on a new bottom rung, 3e-3, made GEM's other sizes
+    # worse at three of four budgets; larger models usually want smaller rates)
+    lr_sizes: str = "one"
     # seeds 0 .. lr_seeds-1 of every rate of the grid; the rate with the lowest mean validation NE wins.
     # Session 13: one seed's validation NE chose a rate that tested worse over 9 seeds in 2 of 8 cells.
     lr_seeds: int = 1
@@ -175,6 +180,7 @@ def validate_isoflop(cfg: IsoflopConfig, where: str = "isoflop") -> None:
     need(cfg.lr_size >= 0, f"lr_size must be >= 0 (got {cfg.lr_size})")
     need(cfg.lr_budgets in ("smallest", "each"),
          f"lr_budgets must be smallest or each (got {cfg.lr_budgets!r})")
+    need(cfg.lr_sizes in ("one", "each"), f"lr_sizes must be one or each (got {cfg.lr_sizes!r})")
     need(cfg.calibrate in CALIBRATE_CHOICES,
          f"calibrate must be none, platt or offset (got {cfg.calibrate!r})")
     need(cfg.workers >= 1, f"workers must be >= 1 (got {cfg.workers})")
@@ -236,22 +242,25 @@ def plan_grid(budgets: list[float], fwd_flops: dict[str, list[int]], batch_size:
 
 
 def format_plan(plan: list[PlannedRun], lrs: int, seeds: int, size_seeds: int = 1, size_finalists: int = 1,
-                lr_budgets: int = 1, lr_extend: int = 0, lr_check: bool = True) -> str:
-    """The grid as a table, plus the run count of the whole study (grid + lr grid, at ``lr_budgets`` budgets +
-    the size choice's seeds + extra seeds)."""
+                lr_budgets: int = 1, lr_extend: int = 0, lr_check: bool = True, lr_each_size: bool = False
+                ) -> str:
+    """The grid as a table, plus the run count of the whole study (grid + lr grid, at ``lr_budgets`` budgets,
+    on one rung or on every rung with ``lr_each_size`` + the size choice's seeds + extra seeds)."""
     lines = [f"{'family':<8}{'size':>5}{'C':>10}{'MFLOP/ex':>10}{'steps':>8}{'rows':>10}{'epochs':>8}"]
     for r in plan:
         lines.append(f"{r.family:<8}{r.size:>5}{r.flops_budget:>10.3g}{r.fwd_flops / 1e6:>10.3f}"
                      f"{r.steps:>8d}{r.examples:>10d}{r.epochs:>8.3f}")
     fams = sorted({r.family for r in plan})
     budgets = len({r.budget for r in plan})
-    n = len(plan) + len(fams) * lr_budgets * max(lrs - 1, 0)
+    ladders = {fam: len({r.size for r in plan if r.family == fam}) for fam in fams}
+    rungs = sum(ladders.values()) if lr_each_size else len(fams)  # the rungs the lr grid runs on, per budget
+    n = len(plan) + rungs * lr_budgets * max(lrs - 1, 0)
     for fam in fams:  # per budget: the seeds of the size choice's other finalists, then the frontier's seeds
-        ladder = len({r.size for r in plan if r.family == fam})
+        ladder = ladders[fam]
         others = (min(size_finalists, ladder) - 1) * (size_seeds - 1) if size_seeds > 1 else 0
         n += budgets * (others + max(seeds, size_seeds) - 1)
     more = ([f"up to {2 * len(fams)} lr-transfer checks"] if lr_check and lrs > 0 else []) + (
-        [f"up to {len(fams) * lr_budgets * lr_extend} rates beyond the grid's edges (each may move the "
+        [f"up to {rungs * lr_budgets * lr_extend} rates beyond the grid's edges (each may move the "
          "family's runs at that budget to the new rate)"] if lr_extend and lrs > 0 else [])
     lines.append(f"{len(plan)} grid runs; with the lr grid and the extra seeds about {n} runs"
                  + "".join(f" (+ {m})" for m in more))
@@ -553,7 +562,7 @@ def run_study(cfg: IsoflopConfig, out: str | Path, data_dir: str | Path | None =
                 "plan_text": format_plan(plan, len(cfg.lr_grid), cfg.seeds, cfg.size_seeds,
                                          cfg.size_finalists,
                                          len(cfg.budgets) if cfg.lr_budgets == "each" else 1,
-                                         cfg.lr_extend, cfg.lr_check)}
+                                         cfg.lr_extend, cfg.lr_check, cfg.lr_sizes == "each")}
     fams = {f.name: f for f in cfg.families}
     cell = {(p.family, p.size, p.budget): p for p in plan}
     records: list[dict[str, Any]] = []
@@ -602,13 +611,14 @@ def run_study(cfg: IsoflopConfig, out: str | Path, data_dir: str | Path | None =
                        cost=lambda job: cell[(job.family, job.size, job.budget)].train_flops)
     records.sort(key=lambda r: _record_order(r, list(fams)))
     lr_choice = {fam: choice[fam].lr for fam in fams}  # in the study's family order, not finishing order
+    lr_sizes = {fam: choice[fam].lr_sizes for fam in fams}
     lr_grid_res = {fam: choice[fam].lr_grid for fam in fams}
     best = {fam: choice[fam].best for fam in fams}
     size_choice = {fam: choice[fam].size_choice for fam in fams}
     lr_check = {fam: choice[fam].lr_check for fam in fams if choice[fam].lr_check}
     rescored = _score_frontier(cfg, st, out, best, lr_choice, log)
     result = summarize_study(cfg, st, records, lr_choice, lr_grid_res, lr_check, best, plan, size_choice,
-                             rescored)
+                             rescored, lr_sizes)
     result["elapsed_s"] = time.perf_counter() - t_start
     result["runs_trained_now"] = counter[0]
     write_study_outputs(out, records, result)

@@ -66,9 +66,11 @@ def summarize_study(cfg: Any, st: Any, records: list[dict[str, Any]], lr_choice:
                     lr_grid: dict[str, list[dict[str, float]]], lr_check: dict[str, dict[str, float]],
                     best: dict[str, list[int]], plan: list[Any],
                     size_choice: dict[str, list[dict[str, float]]] | None = None,
-                    rescored: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+                    rescored: dict[str, dict[str, Any]] | None = None,
+                    lr_sizes: dict[str, list[list[Any]]] | None = None) -> dict[str, Any]:
     """The frontier, laws, efficiency ratios and differences from the runs; a frontier run named in
-    ``rescored`` (``frontier_test_rows``) is scored by those test metrics instead of its own."""
+    ``rescored`` (``frontier_test_rows``) is scored by those test metrics instead of its own. ``lr_sizes``:
+    per family, per budget, per size the rate that size trained at (default: the budget's chosen rate)."""
     from opengem.bench.isoflop import selection_ne
     from opengem.bench.size_ladder import oracle_with_totals
     from opengem.data.dataset import Dataset
@@ -83,6 +85,10 @@ def summarize_study(cfg: Any, st: Any, records: list[dict[str, Any]], lr_choice:
         floor = float(np.mean([oracle_keys[k] for k in mk]))
 
     rescored = rescored or {}
+
+    def size_rate(fam: str, b: int, size: int) -> Any:
+        per = (lr_sizes or {}).get(fam)
+        return per[b][size] if per else lr_choice[fam][b]
 
     def test_of(r: dict[str, Any]) -> dict[str, Any]:
         return rescored[r["name"]]["metrics"] if r["name"] in rescored else r["test"]
@@ -116,7 +122,7 @@ def summarize_study(cfg: Any, st: Any, records: list[dict[str, Any]], lr_choice:
                 "ne_own_test": [r["test_ne"] for r in at] if rescored else None})
             seeds_ne[fam].append(nes)
             pts = sorted((r for r in records if r["family"] == fam and r["budget"] == b and r["seed"] == 0
-                          and r["lr"] == lr_choice[fam][b]), key=lambda r: r["size"])
+                          and r["lr"] == size_rate(fam, b, r["size"])), key=lambda r: r["size"])
             curves[fam].append([{"size": r["size"], "fwd_flops": r["fwd_flops"], "examples": r["examples"],
                                  "valid_ne": r["valid_ne"], "test_ne": r["test_ne"]} for r in pts])
 
@@ -138,6 +144,10 @@ def summarize_study(cfg: Any, st: Any, records: list[dict[str, Any]], lr_choice:
             "validation NE; each budget's rate at every size of the family there" if each else
             f"grid {cfg.lr_grid} at the smallest budget on ladder rung {cfg.lr_size}, {seeds}, "
             "lowest mean validation NE; reused at every budget and size of the family")
+    if getattr(cfg, "lr_sizes", "one") == "each":
+        rule = (f"grid {cfg.lr_grid} at {'every' if each else 'the smallest'} budget on every ladder rung, "
+                f"{seeds}, lowest mean validation NE; each size trains at its own rate"
+                + ("" if each else " at every budget"))
     if cfg.lr_extend:
         rule += f"; while the best is the grid's edge, up to {cfg.lr_extend} rates beyond it, one at a time"
     size_rule = ("lowest seed-0 validation NE at each budget's rate" if cfg.size_seeds == 1 else
@@ -158,6 +168,9 @@ def summarize_study(cfg: Any, st: Any, records: list[dict[str, Any]], lr_choice:
                "chosen": {f: (list(v) if each else v[0]) for f, v in lr_choice.items()},
                "grid": {f: (list(g) if each else g[0]) for f, g in lr_grid.items()},
                "check_largest_budget": lr_check,
+               # per family, per budget: the rate each size trained at (one rate per budget unless lr_sizes =
+               # "each")
+               "per_size": lr_sizes or {},
                "chosen_still_best_at_largest": lr_transfer},
         "frontier": frontier, "fits": {k: (v.to_dict() if v else None) for k, v in fits.items()},
         "efficiency_reference": ref, "efficiency": efficiency, "gap_closed_vs_dlrm": gap,

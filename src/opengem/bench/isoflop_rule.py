@@ -38,11 +38,13 @@ class Job:
 class FamilyChoice:
     """What the rule chose for one family: a rate and a size per budget, and the numbers behind them."""
 
-    lr: list[float | None]
-    lr_grid: list[dict[str, float]]  # per budget the grid ran at: rate -> mean validation NE
+    lr: list[float | None]  # per budget: the rate of the size chosen there
+    # per budget the grid ran at: rate -> mean validation NE ("s<rung> <rate>" with lr_sizes = "each")
+    lr_grid: list[dict[str, float]]
     best: list[int]
     size_choice: list[dict[str, float]]  # per budget: finalist size -> mean validation NE
     lr_check: dict[str, float] = field(default_factory=dict)  # rate -> validation NE at the largest budget
+    lr_sizes: list[list[float | None]] = field(default_factory=list)  # per budget, per size: its rate
 
 
 Rule = Generator[list[Job], dict[str, float], FamilyChoice]
@@ -88,56 +90,70 @@ def family_rule(cfg: Any, family: str, n_sizes: int) -> Rule:
     the answer is the validation NE of every finished run by name (at least this batch's)."""
     n_budgets = len(cfg.budgets)
     grid: list[float | None] = list(cfg.lr_grid) or [None]
-    grid_budgets = range(n_budgets if cfg.lr_budgets == "each" else 1)
+    each_budget = cfg.lr_budgets == "each"
+    each_size = getattr(cfg, "lr_sizes", "one") == "each"
+    # the grid's units: (budget, rung) pairs that each get a rate of their own
+    units = [(b, i) for b in range(n_budgets if each_budget else 1)
+             for i in (range(n_sizes) if each_size else [cfg.lr_size])]
 
     def ne(size: int, b: int, lr: float | None, seed: int) -> float:
         return answers[run_name(family, size, b, lr, seed)]
 
-    def grid_ne(b: int, lr: float | None) -> float:
-        return float(np.mean([ne(cfg.lr_size, b, lr, s) for s in range(cfg.lr_seeds)]))
+    def grid_ne(u: tuple[int, int], lr: float | None) -> float:
+        return float(np.mean([ne(u[1], u[0], lr, s) for s in range(cfg.lr_seeds)]))
 
-    # 1. the learning rate: the grid on rung lr_size, at the smallest budget or at each
-    answers = yield [Job(family, cfg.lr_size, b, lr, seed, "lr-grid")
-                     for b in grid_budgets for lr in grid for seed in range(cfg.lr_seeds)]
-    tried = {b: list(grid) for b in grid_budgets}
-    # ... walked outward while a budget's best rate is an edge of the rates tried there (lr_extend steps)
+    # 1. the learning rate: the grid on rung lr_size (or on every rung), at the smallest budget or at each
+    answers = yield [Job(family, i, b, lr, seed, "lr-grid")
+                     for b, i in units for lr in grid for seed in range(cfg.lr_seeds)]
+    tried = {u: list(grid) for u in units}
+    # ... walked outward while a unit's best rate is an edge of the rates tried there (lr_extend steps)
     for _ in range(cfg.lr_extend if cfg.lr_grid else 0):
-        step = {b: lr for b in grid_budgets
-                if (lr := next_rate(sorted(tried[b]), {r: grid_ne(b, r) for r in tried[b]})) is not None}
+        step = {u: lr for u in units
+                if (lr := next_rate(sorted(tried[u]), {r: grid_ne(u, r) for r in tried[u]})) is not None}
         if not step:
             break
-        answers = yield [Job(family, cfg.lr_size, b, lr, seed, "lr-grid")
-                         for b, lr in step.items() for seed in range(cfg.lr_seeds)]
-        for b, lr in step.items():
-            tried[b].append(lr)
-    chosen, lr_grid = [], []
-    for b in grid_budgets:
-        rates = sorted(tried[b], key=lambda lr: 0.0 if lr is None else lr)
-        scores = {lr: grid_ne(b, lr) for lr in rates}
-        chosen.append(min(rates, key=lambda lr: nan_last(scores[lr])))
-        lr_grid.append({("recipe" if lr is None else format(lr, "g")): v for lr, v in scores.items()})
-    lrs = chosen if len(chosen) == n_budgets else chosen * n_budgets
-    # 2. every size at every budget, seed 0, at the budget's rate
-    answers = yield [Job(family, i, b, lrs[b], 0, "grid") for b in range(n_budgets) for i in range(n_sizes)]
+        answers = yield [Job(family, i, b, lr, seed, "lr-grid")
+                         for (b, i), lr in step.items() for seed in range(cfg.lr_seeds)]
+        for u, lr in step.items():
+            tried[u].append(lr)
+    chosen: dict[tuple[int, int], float | None] = {}
+    lr_grid: list[dict[str, float]] = [{} for _ in range(n_budgets if each_budget else 1)]
+    for u in units:
+        rates = sorted(tried[u], key=lambda lr: 0.0 if lr is None else lr)
+        scores = {lr: grid_ne(u, lr) for lr in rates}
+        chosen[u] = min(rates, key=lambda lr: nan_last(scores[lr]))
+        tag = f"s{u[1]} " if each_size else ""
+        lr_grid[u[0]].update({tag + ("recipe" if lr is None else format(lr, "g")): v
+                              for lr, v in scores.items()})
+
+    def rate(b: int, i: int) -> float | None:
+        return chosen[(b if each_budget else 0, i if each_size else cfg.lr_size)]
+
+    lr_sizes = [[rate(b, i) for i in range(n_sizes)] for b in range(n_budgets)]
+    # 2. every size at every budget, seed 0, at its rate there (already trained by the grid where it ran)
+    answers = yield [Job(family, i, b, rate(b, i), 0, "grid")
+                     for b in range(n_budgets) for i in range(n_sizes)]
     # 3. the size: seed 0's best, or the finalists' mean over size_seeds seeds; then the extra seeds there
     keep = cfg.size_finalists if cfg.size_seeds > 1 else 1
-    finalists = [sorted(range(n_sizes), key=lambda i: nan_last(ne(i, b, lrs[b], 0)))[:keep]
+    finalists = [sorted(range(n_sizes), key=lambda i: nan_last(ne(i, b, rate(b, i), 0)))[:keep]
                  for b in range(n_budgets)]
-    answers = yield [Job(family, i, b, lrs[b], s, "size-choice") for b in range(n_budgets)
+    answers = yield [Job(family, i, b, rate(b, i), s, "size-choice") for b in range(n_budgets)
                      for i in finalists[b] for s in range(cfg.size_seeds)]
     best, size_choice = [], []
     for b in range(n_budgets):
-        scores = {i: float(np.mean([ne(i, b, lrs[b], s) for s in range(cfg.size_seeds)]))
+        scores = {i: float(np.mean([ne(i, b, rate(b, i), s) for s in range(cfg.size_seeds)]))
                   for i in finalists[b]}
         best.append(min(finalists[b], key=lambda i: nan_last(scores[i])))
         size_choice.append({str(i): v for i, v in scores.items()})
+    lrs = [rate(b, best[b]) for b in range(n_budgets)]
     answers = yield [Job(family, best[b], b, lrs[b], s, "frontier") for b in range(n_budgets)
                      for s in range(1, cfg.seeds)]
-    choice = FamilyChoice(lrs, lr_grid, best, size_choice)
+    choice = FamilyChoice(lrs, lr_grid, best, size_choice, lr_sizes=lr_sizes)
     # 4. does the rate transfer? its grid neighbours at the largest budget's best size
     if cfg.lr_check and cfg.lr_grid:
         last = n_budgets - 1
-        grid_s = sorted(tried[grid_budgets[-1]])  # type: ignore[type-var]  # the rates the last rate came from
+        unit = (last if each_budget else 0, best[last] if each_size else cfg.lr_size)
+        grid_s = sorted(tried[unit])  # type: ignore[type-var]  # the rates the last rate came from
         j = grid_s.index(lrs[last])
         near = grid_s[max(j - 1, 0):j + 2]
         answers = yield [Job(family, best[last], last, lr, 0, "lr-check") for lr in near]
