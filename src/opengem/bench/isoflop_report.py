@@ -144,15 +144,16 @@ def summarize_study(cfg: Any, st: Any, records: list[dict[str, Any]], lr_choice:
             "validation NE; each budget's rate at every size of the family there" if each else
             f"grid {cfg.lr_grid} at the smallest budget on ladder rung {cfg.lr_size}, {seeds}, "
             "lowest mean validation NE; reused at every budget and size of the family")
-    if getattr(cfg, "lr_sizes", "one") == "each":
+    if cfg.lr_sizes == "each":
         rule = (f"grid {cfg.lr_grid} at {'every' if each else 'the smallest'} budget on every ladder rung, "
                 f"{seeds}, lowest mean validation NE; each size trains at its own rate"
                 + ("" if each else " at every budget"))
     if cfg.lr_extend:
         rule += f"; while the best is the grid's edge, up to {cfg.lr_extend} rates beyond it, one at a time"
-    size_rule = ("lowest seed-0 validation NE at each budget's rate" if cfg.size_seeds == 1 else
-                 f"the {cfg.size_finalists} sizes with the lowest seed-0 validation NE at each budget's "
-                 f"rate, then the lowest mean validation NE over seeds 0-{cfg.size_seeds - 1}")
+    at_rate = "each size's own rate" if cfg.lr_sizes == "each" else "each budget's rate"
+    size_rule = (f"lowest seed-0 validation NE at {at_rate}" if cfg.size_seeds == 1 else
+                 f"the {cfg.size_finalists} sizes with the lowest seed-0 validation NE at {at_rate}, "
+                 f"then the lowest mean validation NE over seeds 0-{cfg.size_seeds - 1}")
     return {
         "metric": cfg.metric, "metric_keys": mk,
         # per family, per budget: {size: its mean validation NE over the seeds that chose it}

@@ -91,7 +91,7 @@ def family_rule(cfg: Any, family: str, n_sizes: int) -> Rule:
     n_budgets = len(cfg.budgets)
     grid: list[float | None] = list(cfg.lr_grid) or [None]
     each_budget = cfg.lr_budgets == "each"
-    each_size = getattr(cfg, "lr_sizes", "one") == "each"
+    each_size = cfg.lr_sizes == "each"
     # the grid's units: (budget, rung) pairs that each get a rate of their own
     units = [(b, i) for b in range(n_budgets if each_budget else 1)
              for i in (range(n_sizes) if each_size else [cfg.lr_size])]
