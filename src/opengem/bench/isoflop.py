@@ -618,7 +618,7 @@ def run_study(cfg: IsoflopConfig, out: str | Path, data_dir: str | Path | None =
     lr_check = {fam: choice[fam].lr_check for fam in fams if choice[fam].lr_check}
     rescored = _score_frontier(cfg, st, out, best, lr_choice, log)
     result = summarize_study(cfg, st, records, lr_choice, lr_grid_res, lr_check, best, plan, size_choice,
-                             rescored, lr_sizes)
+                             rescored, lr_sizes=lr_sizes)
     result["elapsed_s"] = time.perf_counter() - t_start
     result["runs_trained_now"] = counter[0]
     write_study_outputs(out, records, result)

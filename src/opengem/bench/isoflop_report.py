@@ -66,11 +66,11 @@ def summarize_study(cfg: Any, st: Any, records: list[dict[str, Any]], lr_choice:
                     lr_grid: dict[str, list[dict[str, float]]], lr_check: dict[str, dict[str, float]],
                     best: dict[str, list[int]], plan: list[Any],
                     size_choice: dict[str, list[dict[str, float]]] | None = None,
-                    rescored: dict[str, dict[str, Any]] | None = None,
-                    lr_sizes: dict[str, list[list[Any]]] | None = None) -> dict[str, Any]:
+                    rescored: dict[str, dict[str, Any]] | None = None, *,
+                    lr_sizes: dict[str, list[list[Any]]]) -> dict[str, Any]:
     """The frontier, laws, efficiency ratios and differences from the runs; a frontier run named in
     ``rescored`` (``frontier_test_rows``) is scored by those test metrics instead of its own. ``lr_sizes``:
-    per family, per budget, per size the rate that size trained at (default: the budget's chosen rate)."""
+    per family, per budget, per size the rate that size trained at."""
     from opengem.bench.isoflop import selection_ne
     from opengem.bench.size_ladder import oracle_with_totals
     from opengem.data.dataset import Dataset
@@ -85,10 +85,6 @@ def summarize_study(cfg: Any, st: Any, records: list[dict[str, Any]], lr_choice:
         floor = float(np.mean([oracle_keys[k] for k in mk]))
 
     rescored = rescored or {}
-
-    def size_rate(fam: str, b: int, size: int) -> Any:
-        per = (lr_sizes or {}).get(fam)
-        return per[b][size] if per else lr_choice[fam][b]
 
     def test_of(r: dict[str, Any]) -> dict[str, Any]:
         return rescored[r["name"]]["metrics"] if r["name"] in rescored else r["test"]
@@ -122,7 +118,7 @@ def summarize_study(cfg: Any, st: Any, records: list[dict[str, Any]], lr_choice:
                 "ne_own_test": [r["test_ne"] for r in at] if rescored else None})
             seeds_ne[fam].append(nes)
             pts = sorted((r for r in records if r["family"] == fam and r["budget"] == b and r["seed"] == 0
-                          and r["lr"] == size_rate(fam, b, r["size"])), key=lambda r: r["size"])
+                          and r["lr"] == lr_sizes[fam][b][r["size"]]), key=lambda r: r["size"])
             curves[fam].append([{"size": r["size"], "fwd_flops": r["fwd_flops"], "examples": r["examples"],
                                  "valid_ne": r["valid_ne"], "test_ne": r["test_ne"]} for r in pts])
 
@@ -140,14 +136,16 @@ def summarize_study(cfg: Any, st: Any, records: list[dict[str, Any]], lr_choice:
                          == format(lr_choice[fam][-1], "g")) for fam, chk in lr_check.items()}
     each = cfg.lr_budgets == "each"
     seeds = "seed 0" if cfg.lr_seeds == 1 else f"seeds 0-{cfg.lr_seeds - 1}"
-    rule = (f"grid {cfg.lr_grid} at every budget on ladder rung {cfg.lr_size}, {seeds}, lowest mean "
-            "validation NE; each budget's rate at every size of the family there" if each else
-            f"grid {cfg.lr_grid} at the smallest budget on ladder rung {cfg.lr_size}, {seeds}, "
-            "lowest mean validation NE; reused at every budget and size of the family")
     if cfg.lr_sizes == "each":
         rule = (f"grid {cfg.lr_grid} at {'every' if each else 'the smallest'} budget on every ladder rung, "
                 f"{seeds}, lowest mean validation NE; each size trains at its own rate"
                 + ("" if each else " at every budget"))
+    elif each:
+        rule = (f"grid {cfg.lr_grid} at every budget on ladder rung {cfg.lr_size}, {seeds}, lowest mean "
+                "validation NE; each budget's rate at every size of the family there")
+    else:
+        rule = (f"grid {cfg.lr_grid} at the smallest budget on ladder rung {cfg.lr_size}, {seeds}, "
+                "lowest mean validation NE; reused at every budget and size of the family")
     if cfg.lr_extend:
         rule += f"; while the best is the grid's edge, up to {cfg.lr_extend} rates beyond it, one at a time"
     at_rate = "each size's own rate" if cfg.lr_sizes == "each" else "each budget's rate"
@@ -171,7 +169,7 @@ def summarize_study(cfg: Any, st: Any, records: list[dict[str, Any]], lr_choice:
                "check_largest_budget": lr_check,
                # per family, per budget: the rate each size trained at (one rate per budget unless lr_sizes =
                # "each")
-               "per_size": lr_sizes or {},
+               "per_size": lr_sizes,
                "chosen_still_best_at_largest": lr_transfer},
         "frontier": frontier, "fits": {k: (v.to_dict() if v else None) for k, v in fits.items()},
         "efficiency_reference": ref, "efficiency": efficiency, "gap_closed_vs_dlrm": gap,

@@ -126,8 +126,11 @@ def family_rule(cfg: Any, family: str, n_sizes: int) -> Rule:
         lr_grid[u[0]].update({tag + ("recipe" if lr is None else format(lr, "g")): v
                               for lr, v in scores.items()})
 
+    def unit_of(b: int, i: int) -> tuple[int, int]:  # the grid unit whose rate size i trains at, at budget b
+        return (b if each_budget else 0, i if each_size else cfg.lr_size)
+
     def rate(b: int, i: int) -> float | None:
-        return chosen[(b if each_budget else 0, i if each_size else cfg.lr_size)]
+        return chosen[unit_of(b, i)]
 
     lr_sizes = [[rate(b, i) for i in range(n_sizes)] for b in range(n_budgets)]
     # 2. every size at every budget, seed 0, at its rate there (already trained by the grid where it ran)
@@ -152,8 +155,7 @@ def family_rule(cfg: Any, family: str, n_sizes: int) -> Rule:
     # 4. does the rate transfer? its grid neighbours at the largest budget's best size
     if cfg.lr_check and cfg.lr_grid:
         last = n_budgets - 1
-        unit = (last if each_budget else 0, best[last] if each_size else cfg.lr_size)
-        grid_s = sorted(tried[unit])  # type: ignore[type-var]  # the rates the last rate came from
+        grid_s = sorted(tried[unit_of(last, best[last])])  # type: ignore[type-var]  # the last rate's rates
         j = grid_s.index(lrs[last])
         near = grid_s[max(j - 1, 0):j + 2]
         answers = yield [Job(family, best[last], last, lr, 0, "lr-check") for lr in near]
