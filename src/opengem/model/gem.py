@@ -71,12 +71,13 @@ class GEMConfig:
     # the sequence path on this many buckets of rows of similar history length, each padded to its own
     # longest row, not the batch's (exact; see the module docstring); 1 = the whole batch as one
     seq_buckets: int = 1
-    # OURS, not in the published GEM (on in configs/small.toml and the iso-FLOP ladder): DCNv2 cross layers on the flattened non-sequence
-    # tokens, their output beside the InterFormer's (or the Wukong stack's) in the head's input, as DCNv2's
-    # parallel form. Wukong crosses fields through dot products of whole embeddings, so a cross whose
-    # latent dimensions weigh differently per surface reaches the head only through its width; an
-    # element-wise product keeps each dimension (session 20: GEM missed more of the simulator's feature
-    # crosses than DCNv2, benchmarks/missed_signals.py). 0 = none; cross_rank 0 = full-rank W, r = U Vᵀ.
+    # OURS, not in the published GEM (on in configs/small.toml and the iso-FLOP ladder): DCNv2 cross layers
+    # on the flattened non-sequence tokens, their output beside the InterFormer's (or the Wukong stack's) in
+    # the head's input, as DCNv2's parallel form. Wukong crosses fields through dot products of whole
+    # embeddings, so a cross whose latent dimensions weigh differently per surface reaches the head only
+    # through its width; an element-wise product keeps each dimension (session 20: GEM missed more of the
+    # simulator's feature crosses than DCNv2, benchmarks/missed_signals.py). 0 = none; cross_rank 0 =
+    # full-rank W, r = U Vᵀ.
     cross_layers: int = 0
     cross_rank: int = 0
 

@@ -20,8 +20,8 @@ for s in range(10):
     fa, fb = out / f"{a}_seed{s}.json", out / f"{b}_seed{s}.json"
     if fa.exists() and fb.exists():
         ra, rb = json.loads(fa.read_text()), json.loads(fb.read_text())
-        rows.append((s, ne(ra, "valid"), ne(rb, "valid"), ne(ra, "test"), ne(rb, "test"), ra["steps"], rb["steps"],
-                     ra["flops_per_example"], rb["flops_per_example"]))
+        rows.append((s, ne(ra, "valid"), ne(rb, "valid"), ne(ra, "test"), ne(rb, "test"),
+                     ra["steps"], rb["steps"], ra["flops_per_example"], rb["flops_per_example"]))
 print(f"| seed | valid NE {a} (click / conv) | valid NE {b} | test NE {a} | test NE {b} |")
 print("|---|---|---|---|---|")
 for s, va, vb, ta, tb, *_ in rows:
@@ -36,5 +36,6 @@ for split, i in (("valid", 1), ("test", 3)):
         d = np.array([r[i + 1][t] - r[i][t] for r in rows])
         if len(d) > 1:
             h = T975[len(d) - 1] * d.std(ddof=1) / len(d) ** 0.5
-            print(f"{split} all/{task}: {b} minus {a} {d.mean():+.4f} [{d.mean() - h:+.4f}, {d.mean() + h:+.4f}] "
+            m = d.mean()
+            print(f"{split} all/{task}: {b} minus {a} {m:+.4f} [{m - h:+.4f}, {m + h:+.4f}] "
                   f"(paired, {len(d)} seeds)")

@@ -18,7 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 
-def run(study: str, data: str, out: Path, variant: str, cells: list[str], seeds: int, sets: list[str]) -> None:
+def run(study: str, data: str, out: Path, variant: str, cells: list[str], seeds: int,
+        sets: list[str]) -> None:
     vout = out / variant
     (vout / "logs").mkdir(parents=True, exist_ok=True)
     (vout / "variant.json").write_text(json.dumps({"overrides": sets}))
@@ -26,8 +27,8 @@ def run(study: str, data: str, out: Path, variant: str, cells: list[str], seeds:
 
     def one(job: tuple) -> None:
         with open(vout / "logs" / f"{'-'.join(job)}.txt", "w") as fh:
-            code = subprocess.call([sys.executable, "-m", "opengem.bench.isoflop_worker", study, str(vout), data,
-                                    *job, *sets], stdout=fh, stderr=subprocess.STDOUT)
+            args = [sys.executable, "-m", "opengem.bench.isoflop_worker", study, str(vout), data, *job, *sets]
+            code = subprocess.call(args, stdout=fh, stderr=subprocess.STDOUT)
         print(variant, *job, "exit", code, flush=True)
 
     with ThreadPoolExecutor(int(os.environ.get("PROBE_WORKERS", "2"))) as pool:
