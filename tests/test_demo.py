@@ -10,8 +10,9 @@ TINY = Path(__file__).resolve().parents[1] / "configs" / "tiny.toml"
 
 
 def test_demo_tiny(tmp_path, capsys):
+    # max_epochs=0: no one-pass cap, so the tiny DLRM spends GEM's FLOPs in full (the cap: below)
     assert main(["--config", str(TINY), "--out", str(tmp_path), "train.progress=false", "train.steps=6",
-                 "--set", 'overrides.dlrm=["model.embedding.d=6"]']) == 0
+                 "--set", 'overrides.dlrm=["model.embedding.d=6"]', "--set", "max_epochs=0"]) == 0
     text = capsys.readouterr().out
     demo = load_demo_config(None, [])
     summaries = {}
@@ -41,6 +42,9 @@ def test_demo_tiny(tmp_path, capsys):
 def test_equal_flops_steps_and_gap_share():
     assert equal_flops_steps(1000, 300, 100, 100) == 30  # a third of the FLOPs/example: 3x the rows
     assert equal_flops_steps(10, 1, 1000, 64) == 1  # at least one step
+    # a cheaper baseline would read rows again to spend GEM's FLOPs: the one-pass cap stops it first
+    assert equal_flops_steps(1000, 300, 100, 100, max_steps=12) == 12
+    assert equal_flops_steps(1000, 300, 100, 100, max_steps=40) == 30  # under the cap: GEM's FLOPs exactly
     res = {"dlrm": {"metrics": {"all/click": {"ne": 0.9}}}, "gem": {"metrics": {"all/click": {"ne": 0.85}}},
            "bad": {"metrics": {"all/click": {"ne": 0.95}}}}
     g = gap_closed(res, {"all/click": 0.8})
@@ -58,6 +62,8 @@ def test_demo_config_refuses_bad_values():
         load_demo_config(None, ['overrides.dlrm=["data.sim.rows=10"]'])
     with pytest.raises(ConfigError, match="unknown model"):
         load_demo_config(None, ['overrides.nope=["model.embedding.d=8"]'])
+    with pytest.raises(ConfigError, match="max_epochs"):
+        load_demo_config(None, ["max_epochs=-1"])
 
 
 @pytest.mark.slow
@@ -70,3 +76,20 @@ def test_demo_gem_has_the_best_pooled_ne_on_seed_0(tmp_path):
     for task in ("all/click", "all/conversion"):
         others = {m: ne[m][task]["ne"] for m in ("dlrm", "dcnv2")}
         assert ne["gem"][task]["ne"] < min(others.values()), (task, ne["gem"][task]["ne"], others)
+
+
+def test_demo_baselines_stop_after_one_pass(tmp_path):
+    """The default cap (max_epochs = 1): a baseline cheaper than GEM reads each training row at most once
+    instead of reading rows again to spend GEM's FLOPs (a second pass over click logs overfits)."""
+    assert main(["--config", str(TINY), "--out", str(tmp_path), "train.progress=false", "train.steps=6",
+                 "--set", 'overrides.dlrm=["model.embedding.d=6"]', "--set", 'baselines=["dlrm"]']) == 0
+    import pyarrow.parquet as pq
+
+    from opengem.data.dataset import Dataset
+    from opengem.train.config import load_run_config
+
+    ds = Dataset(tmp_path / "data")
+    rows = sum(pq.ParquetFile(f).metadata.num_rows for f in ds.files(load_run_config(TINY).data.train))
+    gem, dlrm = (json.loads((tmp_path / m / "train_summary.json").read_text()) for m in ("gem", "dlrm"))
+    assert dlrm["examples"] <= rows < 5 * gem["examples"]  # uncapped it would read > 5x GEM's rows
+    assert 3 * dlrm["flops_per_example"] * dlrm["examples"] < 3 * gem["flops_per_example"] * gem["examples"]

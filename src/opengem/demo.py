@@ -42,6 +42,12 @@ class DemoConfig:
     # reads the same rows.
     overrides: dict[str, list[str]] = field(default_factory=dict)
     equal_flops: bool = True  # baselines train for GEM's training FLOPs (false: the recipe's rows each)
+    # ... but never for more than this many passes over the training rows: a baseline cheaper than GEM would
+    # otherwise spend GEM's FLOPs by reading rows again, and a second pass over click logs overfits (session
+    # 30: DCNv2's validation NE +0.013..+0.028 after 1.4-1.5 passes against one, 4 of 4 runs; the iso-FLOP
+    # study caps its runs the same way, max_epochs). Such a baseline then spends less than GEM's FLOPs; the
+    # table prints each model's. 0 = no cap.
+    max_epochs: float = 1.0
     # Every model's dense lr schedule (train.lr_decay / train.min_lr_ratio). Issue 14: at a constant rate the
     # last iterate's level per surface x task wanders (two runs of one DLRM config: video/click 1.09 and
     # 1.25 of the true rate, on the days it trained on as on the test day); the decay to the end of the run
@@ -78,6 +84,8 @@ def load_demo_config(path: str | Path | None, overrides: list[str]) -> DemoConfi
                           f"(got {cfg.lr_decay!r})")
     if not 0 < cfg.min_lr_ratio <= 1:
         raise ConfigError(f"demo config: min_lr_ratio must be in (0, 1] (got {cfg.min_lr_ratio})")
+    if cfg.max_epochs < 0:
+        raise ConfigError(f"demo config: max_epochs must be >= 0 (0 = no cap; got {cfg.max_epochs})")
     for name, ovs in cfg.overrides.items():
         bad_ovs = [o for o in ovs if parse_override(o)[0][0] not in ("model", "train")]
         if bad_ovs:
@@ -92,9 +100,12 @@ def epoch_steps(rows: int, batch_size: int, epochs: int) -> int:
     return max(1, epochs * (rows // batch_size))
 
 
-def equal_flops_steps(gem_examples: int, gem_flops: int, flops: int, batch_size: int) -> int:
-    """Steps that give a model of ``flops`` forward FLOPs/example GEM's training FLOPs (whole batches)."""
-    return max(1, round(gem_examples * gem_flops / flops / batch_size))
+def equal_flops_steps(gem_examples: int, gem_flops: int, flops: int, batch_size: int,
+                      max_steps: int = 0) -> int:
+    """Steps that give a model of ``flops`` forward FLOPs/example GEM's training FLOPs (whole batches),
+    at most ``max_steps`` when > 0 (``DemoConfig.max_epochs`` passes)."""
+    steps = max(1, round(gem_examples * gem_flops / flops / batch_size))
+    return min(steps, max_steps) if max_steps > 0 else steps
 
 
 def gap_closed(results: dict[str, dict[str, Any]], oracle: dict[str, Any], base: str = GAP_BASE
@@ -239,7 +250,9 @@ def main(argv: list[str] | None = None) -> int:
                 run_cfg.train.steps = epoch_steps(train_rows, run_cfg.data.batch_size, run_cfg.train.epochs)
         if name != "gem" and demo.equal_flops:
             flops = int(build_model(schema, run_cfg.model).flops_per_example())
-            run_cfg.train.steps = equal_flops_steps(gem_examples, gem_flops, flops, run_cfg.data.batch_size)
+            cap = int(demo.max_epochs * train_rows) // run_cfg.data.batch_size if demo.max_epochs > 0 else 0
+            run_cfg.train.steps = equal_flops_steps(gem_examples, gem_flops, flops, run_cfg.data.batch_size,
+                                                    cap)
         t0 = time.perf_counter()
         summary = train(run_cfg, out / name, data, force=True)  # a rerun replaces the last demo
         timings[f"train {name}"] = time.perf_counter() - t0
