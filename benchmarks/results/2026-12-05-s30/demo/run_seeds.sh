@@ -1,5 +1,5 @@
 #!/bin/bash
-# The demo (configs/small.toml as committed at d23f702) on seeds 0-4, two at a time, one thread per run:
+# The demo (as committed at 82c8b6d; equal_flops/: at d23f702) on seeds 0-4, two at a time, one thread per run:
 #   bash run_seeds.sh WORKTREE OUT
 WT=$1; O=$2; mkdir -p $O
 cd $WT
