@@ -2,7 +2,9 @@
 
 Every model trains on the same simulated data for the same training compute: GEM reads the recipe's rows,
 each baseline reads rows = GEM's rows x GEM's forward FLOPs/example / its own (as ``opengem scale --design
-isoflop`` does), each at its own learning rate from configs/isoflop-demo.toml. The table sets NE, AUC and
+isoflop`` does) but never more than one pass over the training rows (``max_epochs``: a second pass overfits,
+so a cheaper baseline stops there and spends less than GEM's FLOPs), each at its own learning rate from
+configs/isoflop-demo.toml. The table sets NE, AUC and
 calibration (mean prediction / observed rate) per surface x task and pooled beside the oracle NE (the
 simulator knows the true probabilities, so that is the floor), and the share of the DLRM -> oracle NE gap
 each model closes. A calibration table follows (issue 14: auctions price on the probability): per model
