@@ -8,15 +8,9 @@
 # steps), as the demo's DCNv2 reads 1.6 passes; --epochs 2 lets the harness run on, and the table reads the
 # last step's validation (the harness also keeps the better epoch's). Seeds 0-4.
 #   bash run.sh DATA OUT
-D=$1; O=$2; mkdir -p $O
-PY=.venv/bin/python
 COMMON="model.name=dcnv2 model.head.hidden=[64] train.lr_decay=cosine train.min_lr_ratio=0.02 train.progress=false train.lr=3e-3"
-one() {  # name seed steps overrides...
-  local n=$1 s=$2 st=$3; shift 3
-  [ -f $O/${n}_seed$s.json ] || $PY benchmarks/quality_harness.py --config configs/small.toml --data $D \
-    --out $O/${n}_seed$s.json --train 'day=00[0-4]' --valid day=005 --test day=006 --threads 1 --epochs 2 \
-    $COMMON train.steps=$st train.seed=$s "$@" > $O/${n}_seed$s.log 2>&1
-}
+HARNESS_EXTRA="--epochs 2"
+source "$(dirname "$0")/../demo_cross/run.sh" "$1" "$2"   # one() and D, O, PY
 for s in 0 1 2 3 4; do
   one dcn2 $s 1873 &
   one dcn3 $s 1690 model.dcnv2.num_cross_layers=3 &
