@@ -1,10 +1,13 @@
 import json
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from opengem.config import ConfigError
+from opengem.data.dataset import Dataset
 from opengem.demo import equal_flops_steps, gap_closed, load_demo_config, main
+from opengem.train.config import load_run_config
 
 TINY = Path(__file__).resolve().parents[1] / "configs" / "tiny.toml"
 
@@ -83,11 +86,6 @@ def test_demo_baselines_stop_after_one_pass(tmp_path):
     instead of reading rows again to spend GEM's FLOPs (a second pass over click logs overfits)."""
     assert main(["--config", str(TINY), "--out", str(tmp_path), "train.progress=false", "train.steps=6",
                  "--set", 'overrides.dlrm=["model.embedding.d=6"]', "--set", 'baselines=["dlrm"]']) == 0
-    import pyarrow.parquet as pq
-
-    from opengem.data.dataset import Dataset
-    from opengem.train.config import load_run_config
-
     ds = Dataset(tmp_path / "data")
     rows = sum(pq.ParquetFile(f).metadata.num_rows for f in ds.files(load_run_config(TINY).data.train))
     gem, dlrm = (json.loads((tmp_path / m / "train_summary.json").read_text()) for m in ("gem", "dlrm"))

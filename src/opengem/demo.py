@@ -96,10 +96,11 @@ def load_demo_config(path: str | Path | None, overrides: list[str]) -> DemoConfi
     return cfg
 
 
-def epoch_steps(rows: int, batch_size: int, epochs: int) -> int:
+def epoch_steps(rows: int, batch_size: int, epochs: float) -> int:
     """Steps of ``epochs`` passes over ``rows`` in whole batches (the training loader drops the last
-    partial batch): what a decaying schedule must know in advance to end at the end of the run."""
-    return max(1, epochs * (rows // batch_size))
+    partial batch): what a decaying schedule must know in advance to end at the end of the run, and the
+    baselines' cap (``DemoConfig.max_epochs``)."""
+    return max(1, int(epochs * (rows // batch_size)))
 
 
 def equal_flops_steps(gem_examples: int, gem_flops: int, flops: int, batch_size: int,
@@ -252,9 +253,9 @@ def main(argv: list[str] | None = None) -> int:
                 run_cfg.train.steps = epoch_steps(train_rows, run_cfg.data.batch_size, run_cfg.train.epochs)
         if name != "gem" and demo.equal_flops:
             flops = int(build_model(schema, run_cfg.model).flops_per_example())
-            cap = int(demo.max_epochs * train_rows) // run_cfg.data.batch_size if demo.max_epochs > 0 else 0
-            run_cfg.train.steps = equal_flops_steps(gem_examples, gem_flops, flops, run_cfg.data.batch_size,
-                                                    cap)
+            bs = run_cfg.data.batch_size
+            cap = epoch_steps(train_rows, bs, demo.max_epochs) if demo.max_epochs > 0 else 0
+            run_cfg.train.steps = equal_flops_steps(gem_examples, gem_flops, flops, bs, cap)
         t0 = time.perf_counter()
         summary = train(run_cfg, out / name, data, force=True)  # a rerun replaces the last demo
         timings[f"train {name}"] = time.perf_counter() - t0
