@@ -32,14 +32,14 @@ chromium:
 	else echo "no chromium and no root apt-get: the report browser test will skip"; fi
 
 test: $(STAMP) chromium
-	$(VENV)/bin/ruff check src tests
+	$(VENV)/bin/ruff check src tests benchmarks
 	$(PY) -m pytest -q
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests
+	$(VENV)/bin/ruff check src tests benchmarks
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
