@@ -12,8 +12,8 @@ and surface x task, mean prediction / observed rate with its 95 % label-noise in
 / mean true probability (the simulator's truth: no label noise), the oracle's own ratio (what a perfect
 model reads on these labels), and a verdict against the targets (pooled 0.95-1.05, cells 0.85-1.15).
 Every model trains with a cosine lr decay to the end of its run (``lr_decay`` in the demo config): at a
-constant rate the last iterate's level per surface x task wanders by up to 0.16. Runs in about a quarter
-of an hour on a 2-core CPU with configs/small.toml (the compute-optimal GEM on 750k training rows: a
+constant rate the last iterate's level per surface x task wanders by up to 0.16. Runs in about five
+minutes on a 2-core CPU with configs/small.toml (the compute-optimal GEM on 750k training rows: a
 narrower GEM on more rows beat GEM at d 32 on 171k at the same FLOPs) and leaves everything under
 runs/demo/ (data/ and one run folder
 per model with eval.json), so a newcomer can open the run folders, TensorBoard logs and checkpoints

@@ -1,11 +1,11 @@
-"""Paired table of the demo_cross runs: python table.py OUT [A B] (default base cross16)."""
+"""Paired table of the demo_cross runs: .venv/bin/python table.py OUT [A B] (default base cross16)."""
 import json
 import sys
 from pathlib import Path
 
 import numpy as np
 
-T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+from opengem.bench.fit import mean_ci
 
 
 def ne(r: dict, split: str) -> tuple[float, float]:
@@ -35,7 +35,6 @@ for split, i in (("valid", 1), ("test", 3)):
     for t, task in enumerate(("click", "conversion")):
         d = np.array([r[i + 1][t] - r[i][t] for r in rows])
         if len(d) > 1:
-            h = T975[len(d) - 1] * d.std(ddof=1) / len(d) ** 0.5
-            m = d.mean()
+            m, h = mean_ci(d)
             print(f"{split} all/{task}: {b} minus {a} {m:+.4f} [{m - h:+.4f}, {m + h:+.4f}] "
                   f"(paired, {len(d)} seeds)")

@@ -1,6 +1,6 @@
 """GEM with the rank-16 cross branch minus GEM without it, per dataset and task, paired by seed (95 % t).
 
-    python compare.py NONE_DIR CROSS_DIR     (lr_compare.py --out folders of the two arms)
+    .venv/bin/python compare.py NONE_DIR CROSS_DIR     (lr_compare.py --out folders of the two arms)
 
 Validation NE chooses (the rule every recipe follows); test NE and AUC are reported beside it. Two epoch rules
 from the same runs: the harness's (the epoch of best validation AUC, its ``valid``/``test``) and the epoch of
@@ -11,14 +11,13 @@ import statistics
 import sys
 from pathlib import Path
 
-T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+from opengem.bench.fit import mean_ci
 
 
 def ci(d: list[float]) -> str:
-    m = statistics.mean(d)
+    m, h = mean_ci(d)
     if len(d) < 2:
         return f"{m:+.4f}"
-    h = T975[len(d) - 1] * statistics.stdev(d) / len(d) ** 0.5
     return f"{m:+.4f} [{m - h:+.4f}, {m + h:+.4f}]"
 
 
