@@ -44,6 +44,7 @@ PY = sys.executable
 SHARED = Path(os.environ.get("OPENGEM_DATA", REPO.parent / "shared" / "data"))
 sys.path.insert(0, str(REPO / "src"))
 
+from opengem.bench.fit import mean_ci  # noqa: E402
 from opengem.train.config import load_run_config  # noqa: E402
 
 DATASETS: dict[str, dict[str, Any]] = {
@@ -178,16 +179,12 @@ def tables(args: argparse.Namespace, out: Path) -> str:
     return "\n".join(lines)
 
 
-# Student's t 0.975 quantiles by degrees of freedom (scipy is not a dependency; beyond 10 seeds ~normal)
-T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
-
-
 def paired_ci(d: np.ndarray) -> str:
     """Mean of paired differences with a 95 % t interval over seeds (the seeds are the replicates)."""
+    mean, half = mean_ci(d.tolist())
     if len(d) < 2:
-        return f"{d.mean():+.4f}"
-    half = T975.get(len(d) - 1, 1.96) * d.std(ddof=1) / np.sqrt(len(d))
-    return f"{d.mean():+.4f} [{d.mean() - half:+.4f}, {d.mean() + half:+.4f}]"
+        return f"{mean:+.4f}"
+    return f"{mean:+.4f} [{mean - half:+.4f}, {mean + half:+.4f}]"
 
 
 def table(args: argparse.Namespace, out: Path, ds: str, select: str) -> list[str]:
