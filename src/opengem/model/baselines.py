@@ -39,6 +39,7 @@ from opengem.config import ConfigError
 from opengem.data.batch import Batch
 from opengem.data.schema import FeatureSchema
 from opengem.model.cross import CrossNetwork
+from opengem.model.cross_attributes import CrossAttributes
 from opengem.model.embedding import (
     EmbeddedFeatures,
     EmbeddingConfig,
@@ -66,6 +67,11 @@ class DCNv2Config:
     low_rank: int = 0  # 0 = full-rank W; r > 0 = W = U Vᵀ with rank r
     deep_mlp: list[int] = field(default_factory=lambda: [256, 128])
     structure: str = "parallel"  # parallel | stacked
+    # OURS: > 0 = the cross layers also read their own embeddings, this wide, of every single-valued sparse
+    # feature with at most ``cross_vocab`` ids and of the surface (opengem.model.cross_attributes says why);
+    # the deep tower of the parallel form reads the tokens as before
+    cross_width: int = 0
+    cross_vocab: int = 1000
 
 
 @dataclass
@@ -173,14 +179,20 @@ class DCNv2(_Baseline):
         check_at_least("dcnv2.num_cross_layers", cfg.num_cross_layers, 0)
         check_at_least("dcnv2.low_rank", cfg.low_rank, 0)
         check_widths("dcnv2.deep_mlp", cfg.deep_mlp)
+        check_at_least("dcnv2.cross_width", cfg.cross_width, 0)
+        check_at_least("dcnv2.cross_vocab", cfg.cross_vocab, 1)
         super().__init__(schema, emb, head)
         self.cfg = cfg
         D = self.in_dim = (self.embedding.num_tokens + len(schema.sequences)) * self.d
-        self.cross = CrossNetwork(D, cfg.num_cross_layers, cfg.low_rank)
-        self._deep_dims = [D, *cfg.deep_mlp]
+        self.cross_attributes = (CrossAttributes(schema, cfg.cross_width, cfg.cross_vocab)
+                                 if cfg.cross_width else None)
+        Dc = D + (self.cross_attributes.out_dim if self.cross_attributes is not None else 0)
+        self.cross = CrossNetwork(Dc, cfg.num_cross_layers, cfg.low_rank)
+        parallel = cfg.structure == "parallel"
+        self._deep_dims = [D if parallel else Dc, *cfg.deep_mlp]
         self.deep = mlp(self._deep_dims) if cfg.deep_mlp else None
-        if cfg.structure == "parallel":
-            out = D + (cfg.deep_mlp[-1] if cfg.deep_mlp else 0)
+        if parallel:
+            out = Dc + (cfg.deep_mlp[-1] if cfg.deep_mlp else 0)
         else:
             out = self._deep_dims[-1]
         self._make_head(out, head)
@@ -188,7 +200,10 @@ class DCNv2(_Baseline):
     def interact(self, batch: Batch, emb: EmbeddedFeatures) -> torch.Tensor:
         # under CPU autocast: cast x0 once, so the cross layers and the final cat stay in bf16
         x0 = to_cpu_autocast_dtype(torch.cat([emb.tokens.flatten(1), *_seq_means(emb)], dim=1))
-        x = self.cross(x0)
+        if self.cross_attributes is not None:
+            x = self.cross(torch.cat([x0, self.cross_attributes(batch).to(x0.dtype)], dim=1))
+        else:
+            x = self.cross(x0)
         if self.deep is None:
             return x
         if self.cfg.structure == "stacked":

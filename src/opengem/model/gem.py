@@ -34,6 +34,7 @@ from opengem.config import ConfigError
 from opengem.data.batch import Batch
 from opengem.data.schema import FeatureSchema
 from opengem.model.cross import CrossNetwork
+from opengem.model.cross_attributes import CrossAttributes
 from opengem.model.embedding import (
     EmbeddedFeatures,
     EmbeddingConfig,
@@ -80,6 +81,11 @@ class GEMConfig:
     # full-rank W, r = U Vᵀ.
     cross_layers: int = 0
     cross_rank: int = 0
+    # OURS: > 0 = the cross branch also reads its own embeddings, this wide, of every single-valued sparse
+    # feature with at most ``cross_vocab`` ids and of the surface (opengem.model.cross_attributes says why);
+    # ignored without a cross branch
+    cross_width: int = 0
+    cross_vocab: int = 1000
 
 
 def check_sizes(cfg: GEMConfig, d: int, seq_max_len: int | None) -> None:
@@ -95,6 +101,8 @@ def check_sizes(cfg: GEMConfig, d: int, seq_max_len: int | None) -> None:
     check_at_least("gem.seq_buckets", cfg.seq_buckets, 1)
     check_at_least("gem.cross_layers", cfg.cross_layers, 0)
     check_at_least("gem.cross_rank", cfg.cross_rank, 0)
+    check_at_least("gem.cross_width", cfg.cross_width, 0)
+    check_at_least("gem.cross_vocab", cfg.cross_vocab, 1)
     if seq_max_len is None:
         layers_key, layers = "gem.wukong.num_layers", w.num_layers
     else:
@@ -164,8 +172,11 @@ class GEM(nn.Module):
         else:
             self.wukong = WukongStack(n, d, cfg.wukong)
             head_in = self.wukong.out_tokens * d
-        self.cross = CrossNetwork(n * d, cfg.cross_layers, cfg.cross_rank)
-        head_in += n * d if cfg.cross_layers else 0
+        self.cross_attributes = (CrossAttributes(schema, cfg.cross_width, cfg.cross_vocab)
+                                 if cfg.cross_width and cfg.cross_layers else None)
+        cross_dim = n * d + (self.cross_attributes.out_dim if self.cross_attributes is not None else 0)
+        self.cross = CrossNetwork(cross_dim, cfg.cross_layers, cfg.cross_rank)
+        head_in += cross_dim if cfg.cross_layers else 0
         # public: the dense columns the head's context term reads (vertical models rebuild its input)
         self.head_context_columns = columns = context_columns(schema, head.context)
         self.head = MultiSurfaceHead(head_in, len(schema.surfaces), len(schema.tasks), head,
@@ -187,7 +198,10 @@ class GEM(nn.Module):
             x = self.wukong(e.tokens)
             h, user = x.flatten(1), x.mean(dim=1)
         if len(self.cross):
-            h = torch.cat([h, self.cross(e.tokens.flatten(1))], dim=1)
+            x0 = e.tokens.flatten(1)
+            if self.cross_attributes is not None:
+                x0 = torch.cat([x0, self.cross_attributes(batch).to(x0.dtype)], dim=1)
+            h = torch.cat([h, self.cross(x0)], dim=1)
         logits, trunk = self.head(h, batch.surface, head_context(e.dense, self.head_context_columns))
         return ModelOutput(logits=logits, trunk=trunk, extras={"user": user, "ad": e.target, "trunk": trunk})
 
