@@ -1,7 +1,7 @@
 """Plateau diagnostic: mean training loss per 50 steps, head-input part scales, per-module param movement."""
 import sys
-import torch
-from opengem.bench.isoflop import load_isoflop_config, prepare_study, plan_grid, _batch_size
+
+from opengem.bench.isoflop import _batch_size, load_isoflop_config, plan_grid, prepare_study
 from opengem.train.trainer import Trainer
 
 fam_name, seed, lr = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
@@ -41,7 +41,8 @@ with Trainer(rc, None, rc.data.path) as tr:
         m.encoder.forward = efwd
     groups = {}
     for n, prm in m.named_parameters():
-        groups.setdefault(n.split(".")[0] + ("." + n.split(".")[1] if n.startswith("head") else ""), []).append(prm)
+        key = n.split(".")[0] + ("." + n.split(".")[1] if n.startswith("head") else "")
+        groups.setdefault(key, []).append(prm)
     snap = {g: [q.detach().clone() for q in ps] for g, ps in groups.items()}
     losses = []
     for batch in tr.train_loader():
@@ -49,7 +50,8 @@ with Trainer(rc, None, rc.data.path) as tr:
             break
         losses.append(tr.train_step(batch))
         if tr.step % 50 == 0 or tr.step == 1:
-            mv = {g: sum(float((q - s).norm() ** 2) for q, s in zip(groups[g], snap[g])) ** 0.5 for g in groups}
+            mv = {g: sum(float((q - s).norm() ** 2) for q, s in zip(groups[g], snap[g])) ** 0.5
+                  for g in groups}
             snap = {g: [q.detach().clone() for q in ps] for g, ps in groups.items()}
             print(f"step {tr.step:4d} loss {sum(losses[-50:]) / 50:.4f} scales "
                   + " ".join(f"{k}={v:.3g}" for k, v in scales.items())
