@@ -5,8 +5,9 @@ Why: at the budgets of the iso-FLOP study the compute-optimal models have 4-wide
 attributes whose effect has more latent dimensions than the token is wide cannot be represented by any product
 of the two tokens. Widening every token multiplies every FLOP of the model; these tables widen only what the
 cross layers read, for features whose vocabulary is small (an ad's format, a user's country, the surface), so
-they cost a few thousand parameters and the cross layers' FLOPs, nothing else. Session 20 found every family
-missing most of the simulator's attribute crosses (benchmarks/missed_signals.py); session 32 measured this.
+they cost width x (their ids) parameters (about 10,000 on the simulator's schema) and the cross layers' FLOPs.
+Session 20 found every family missing most of the simulator's attribute crosses
+(benchmarks/missed_signals.py); session 32 measured this (benchmarks/results/2026-12-05-s32/cross_width/).
 
 The tables are ordinary dense parameters (``nn.Embedding``, trained by the dense optimizer): small enough that
 sharding them would cost more than it saves.
