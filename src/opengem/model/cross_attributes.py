@@ -5,7 +5,7 @@ Why: at the budgets of the iso-FLOP study the compute-optimal models have 4-wide
 attributes whose effect has more latent dimensions than the token is wide cannot be represented by any product
 of the two tokens. Widening every token multiplies every FLOP of the model; these tables widen only what the
 cross layers read, for features whose vocabulary is small (an ad's format, a user's country, the surface), so
-they cost width x (their ids) parameters (about 10,000 on the simulator's schema) and the cross layers' FLOPs.
+they cost width x ids parameters (9,096 at width 8 on the simulator's schema) and the cross FLOPs.
 Session 20 found every family missing most of the simulator's attribute crosses
 (benchmarks/missed_signals.py); session 32 measured this (benchmarks/results/2026-12-05-s32/cross_width/).
 
