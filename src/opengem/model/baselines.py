@@ -39,7 +39,7 @@ from opengem.config import ConfigError
 from opengem.data.batch import Batch
 from opengem.data.schema import FeatureSchema
 from opengem.model.cross import CrossNetwork
-from opengem.model.cross_attributes import CrossAttributes
+from opengem.model.cross_attributes import CrossAttributes, with_cross_attributes
 from opengem.model.embedding import (
     EmbeddedFeatures,
     EmbeddingConfig,
@@ -200,10 +200,7 @@ class DCNv2(_Baseline):
     def interact(self, batch: Batch, emb: EmbeddedFeatures) -> torch.Tensor:
         # under CPU autocast: cast x0 once, so the cross layers and the final cat stay in bf16
         x0 = to_cpu_autocast_dtype(torch.cat([emb.tokens.flatten(1), *_seq_means(emb)], dim=1))
-        if self.cross_attributes is not None:
-            x = self.cross(torch.cat([x0, self.cross_attributes(batch).to(x0.dtype)], dim=1))
-        else:
-            x = self.cross(x0)
+        x = self.cross(with_cross_attributes(x0, self.cross_attributes, batch))
         if self.deep is None:
             return x
         if self.cfg.structure == "stacked":

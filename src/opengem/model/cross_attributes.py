@@ -54,3 +54,11 @@ class CrossAttributes(nn.Module):
                                        include_last_offset=True))
         out.append(self.tables[SURFACE](batch.surface))
         return torch.cat(out, dim=1)
+
+
+def with_cross_attributes(x0: torch.Tensor, attributes: CrossAttributes | None, batch: Batch) -> torch.Tensor:
+    """The cross layers' input: ``x0`` [B, D], then ``attributes``' embeddings of ``batch`` in x0's dtype
+    (x0 itself for a model without them)."""
+    if attributes is None:
+        return x0
+    return torch.cat([x0, attributes(batch).to(x0.dtype)], dim=1)

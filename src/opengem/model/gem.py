@@ -34,7 +34,7 @@ from opengem.config import ConfigError
 from opengem.data.batch import Batch
 from opengem.data.schema import FeatureSchema
 from opengem.model.cross import CrossNetwork
-from opengem.model.cross_attributes import CrossAttributes
+from opengem.model.cross_attributes import CrossAttributes, with_cross_attributes
 from opengem.model.embedding import (
     EmbeddedFeatures,
     EmbeddingConfig,
@@ -198,9 +198,7 @@ class GEM(nn.Module):
             x = self.wukong(e.tokens)
             h, user = x.flatten(1), x.mean(dim=1)
         if len(self.cross):
-            x0 = e.tokens.flatten(1)
-            if self.cross_attributes is not None:
-                x0 = torch.cat([x0, self.cross_attributes(batch).to(x0.dtype)], dim=1)
+            x0 = with_cross_attributes(e.tokens.flatten(1), self.cross_attributes, batch)
             h = torch.cat([h, self.cross(x0)], dim=1)
         logits, trunk = self.head(h, batch.surface, head_context(e.dense, self.head_context_columns))
         return ModelOutput(logits=logits, trunk=trunk, extras={"user": user, "ad": e.target, "trunk": trunk})
