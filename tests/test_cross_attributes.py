@@ -110,10 +110,7 @@ def test_gem_ignores_cross_width_without_a_cross_branch_and_checks_it(schema):
 
 
 @pytest.mark.parametrize("name,over", [("gem", ["model.gem.cross_layers=1", "model.gem.cross_width=4"]),
-                                       ("gem", ["model.gem.cross_layers=1", "model.gem.cross_width=4",
-                                                "model.gem.cross_gate=8"]),
-                                       ("dcnv2", ["model.dcnv2.cross_width=4"]),
-                                       ("dcnv2", ["model.dcnv2.cross_width=4", "model.dcnv2.cross_gate=8"])])
+                                       ("dcnv2", ["model.dcnv2.cross_width=4"])])
 def test_exported_model_with_cross_width_equals_eager(name, over):
     """The serving path reads the same ids: the plain-lookup module and torch.export match eager."""
     from opengem.data.sim_config import SimConfig, sim_schema
@@ -127,8 +124,6 @@ def test_exported_model_with_cross_width_equals_eager(name, over):
     torch.manual_seed(0)
     model = build_model(schema, load_run_config(tiny, [f"model.name={name}", *over]).model).eval()
     assert model.cross_attributes is not None
-    if model.cross_attributes.gate is not None:  # a gate that is not the identity it starts as
-        torch.nn.init.normal_(model.cross_attributes.gate[2].weight, std=0.5)
     program = export_program(model, schema)
     for n in (1, 7):
         b = random_batch(schema, n, seed=n)
@@ -136,42 +131,3 @@ def test_exported_model_with_cross_width_equals_eager(name, over):
             want = model(b).logits
             assert (serving_module(model)(*flat_inputs(b, schema)) - want).abs().max().item() <= 1e-5
             assert (program.module()(*flat_inputs(b, schema)) - want).abs().max().item() <= 1e-5
-
-
-def test_the_gate_starts_as_the_identity_and_then_learns(schema):
-    """cross_gate: a new gated model computes what the ungated one does; a step moves the gate."""
-    torch.manual_seed(0)
-    plain = CrossAttributes(schema, width=6, max_vocab=50)
-    gated = CrossAttributes(schema, width=6, max_vocab=50, gate=8)
-    gated.tables.load_state_dict(plain.tables.state_dict())
-    batch = random_batch(schema, 9)
-    assert torch.equal(gated(batch), plain(batch))
-    (gated(batch) * torch.randn(9, gated.out_dim)).sum().backward()
-    assert torch.count_nonzero(gated.gate[2].weight.grad) > 0
-    with torch.no_grad():
-        gated.gate[2].bias.fill_(1.0)  # 2 sigmoid(1) on every element
-    assert torch.allclose(gated(batch), plain(batch) * 2 * torch.sigmoid(torch.tensor(1.0)))
-    assert gated.flops_per_example() == 2 * (2 * 18 * 8) + 2 * 18 and plain.flops_per_example() == 0
-
-
-@pytest.mark.parametrize("family", ["gem", "dcnv2"])
-def test_a_gated_model_counts_the_gate_and_trains_it(schema, family):
-    torch.manual_seed(0)
-    emb, head = EmbeddingConfig(d=8), HeadConfig(hidden=[16])
-    if family == "gem":
-        cfg = dict(cross_layers=2, cross_rank=4, cross_width=6, cross_vocab=50)
-        plain, model = GEM(schema, emb, head, _gem(**cfg)), GEM(schema, emb, head, _gem(**cfg, cross_gate=8))
-    else:
-        cfg = dict(num_cross_layers=2, deep_mlp=[16], cross_width=6, cross_vocab=50)
-        plain = DCNv2(schema, emb, head, DCNv2Config(**cfg))
-        model = DCNv2(schema, emb, head, DCNv2Config(**cfg, cross_gate=8))
-    assert model.flops_per_example() - plain.flops_per_example() == model.cross_attributes.flops_per_example()
-    batch = random_batch(schema, 5)
-    masked_bce(model(batch).logits, batch.labels, batch.label_mask).backward()
-    assert torch.count_nonzero(model.cross_attributes.gate[2].weight.grad) > 0
-    analytic, measured = model.flops_per_example(), measured_flops(model, batch)
-    assert abs(analytic - measured) / measured < 0.10
-    with pytest.raises(ConfigError, match="gem.cross_gate"):
-        GEM(schema, emb, head, _gem(cross_layers=1, cross_width=4, cross_gate=-1))
-    with pytest.raises(ConfigError, match="dcnv2.cross_gate"):
-        DCNv2(schema, emb, head, DCNv2Config(cross_width=4, cross_gate=-1))

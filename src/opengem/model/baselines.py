@@ -72,9 +72,6 @@ class DCNv2Config:
     # the deep tower of the parallel form reads the tokens as before
     cross_width: int = 0
     cross_vocab: int = 1000
-    # OURS: > 0 = those embeddings are first scaled by a gate, an MLP this wide of them (EPNet's gate;
-    # opengem.model.cross_attributes says why); ignored without cross_width
-    cross_gate: int = 0
 
 
 @dataclass
@@ -184,11 +181,10 @@ class DCNv2(_Baseline):
         check_widths("dcnv2.deep_mlp", cfg.deep_mlp)
         check_at_least("dcnv2.cross_width", cfg.cross_width, 0)
         check_at_least("dcnv2.cross_vocab", cfg.cross_vocab, 1)
-        check_at_least("dcnv2.cross_gate", cfg.cross_gate, 0)
         super().__init__(schema, emb, head)
         self.cfg = cfg
         D = self.in_dim = (self.embedding.num_tokens + len(schema.sequences)) * self.d
-        self.cross_attributes = (CrossAttributes(schema, cfg.cross_width, cfg.cross_vocab, cfg.cross_gate)
+        self.cross_attributes = (CrossAttributes(schema, cfg.cross_width, cfg.cross_vocab)
                                  if cfg.cross_width else None)
         Dc = D + (self.cross_attributes.out_dim if self.cross_attributes is not None else 0)
         self.cross = CrossNetwork(Dc, cfg.num_cross_layers, cfg.low_rank)
@@ -213,8 +209,7 @@ class DCNv2(_Baseline):
 
     def interact_flops(self, seq_len: int | None) -> int:
         deep = mlp_flops(self._deep_dims) if self.deep is not None else 0
-        attributes = self.cross_attributes.flops_per_example() if self.cross_attributes is not None else 0
-        return attributes + self.cross.flops_per_example() + deep
+        return self.cross.flops_per_example() + deep
 
 
 # ------------------------------------------------------------------------------------------------ DIN

@@ -11,13 +11,6 @@ Session 20 found every family missing most of the simulator's attribute crosses
 
 The tables are ordinary dense parameters (``nn.Embedding``, trained by the dense optimizer): small enough that
 sharding them would cost more than it saves.
-
-``gate`` (``cross_gate`` > 0): the embeddings are scaled element by element by 2 sigmoid(MLP(embeddings)), an
-MLP of one hidden layer that width (EPNet's gate, PEPNet arXiv 2302.01115, applied to these tables only).
-Why: a cross whose latent weights depend on a context (the surface, the ad's format, the user's age) is a
-product of three or more fields' embeddings; two cross layers reach degree three, and the gate lets the
-context rescale each dimension of every attribute before they are multiplied. The gate's last layer starts
-at zero, so a new model computes exactly what it would without it.
 """
 
 from __future__ import annotations
@@ -28,7 +21,6 @@ from torch import nn
 
 from opengem.data.batch import Batch
 from opengem.data.schema import FeatureSchema
-from opengem.model.flops import mlp_flops
 
 SURFACE = "__surface__"
 
@@ -39,10 +31,9 @@ def cross_attribute_fields(schema: FeatureSchema, max_vocab: int) -> list[str]:
 
 
 class CrossAttributes(nn.Module):
-    """[B, (fields + 1) * width]: each chosen feature's own ``width``-wide embedding, then the surface's
-    (scaled by the gate when ``gate`` > 0)."""
+    """[B, (fields + 1) * width]: each chosen feature's own ``width``-wide embedding, then the surface's."""
 
-    def __init__(self, schema: FeatureSchema, width: int, max_vocab: int, gate: int = 0) -> None:
+    def __init__(self, schema: FeatureSchema, width: int, max_vocab: int) -> None:
         super().__init__()
         self.fields = cross_attribute_fields(schema, max_vocab)
         vocab = {f.name: f.vocab for f in schema.sparse}
@@ -53,12 +44,6 @@ class CrossAttributes(nn.Module):
             nn.init.uniform_(table.weight, -bound, bound)
         self.width = width
         self.out_dim = len(self.tables) * width
-        self._gate_dims = [self.out_dim, gate, self.out_dim] if gate else []
-        self.gate = (nn.Sequential(nn.Linear(self.out_dim, gate), nn.ReLU(), nn.Linear(gate, self.out_dim))
-                     if gate else None)
-        if self.gate is not None:
-            nn.init.zeros_(self.gate[2].weight)
-            nn.init.zeros_(self.gate[2].bias)
 
     def forward(self, batch: Batch) -> torch.Tensor:
         feats = batch.sparse.to_dict() if self.fields else {}
@@ -68,14 +53,7 @@ class CrossAttributes(nn.Module):
             out.append(F.embedding_bag(jt.values(), self.tables[name].weight, jt.offsets(), mode="sum",
                                        include_last_offset=True))
         out.append(self.tables[SURFACE](batch.surface))
-        a = torch.cat(out, dim=1)
-        if self.gate is None:
-            return a
-        return a * (2.0 * torch.sigmoid(self.gate(a)))
-
-    def flops_per_example(self) -> int:
-        """The gate's forward FLOPs (the lookups are not counted, as no model's embedding lookups are)."""
-        return mlp_flops(self._gate_dims) + 2 * self.out_dim if self.gate is not None else 0
+        return torch.cat(out, dim=1)
 
 
 def with_cross_attributes(x0: torch.Tensor, attributes: CrossAttributes | None, batch: Batch) -> torch.Tensor:

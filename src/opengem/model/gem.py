@@ -86,9 +86,6 @@ class GEMConfig:
     # ignored without a cross branch
     cross_width: int = 0
     cross_vocab: int = 1000
-    # OURS: > 0 = those embeddings are first scaled by a gate, an MLP this wide of them (EPNet's gate;
-    # opengem.model.cross_attributes says why); ignored without cross_width
-    cross_gate: int = 0
 
 
 def check_sizes(cfg: GEMConfig, d: int, seq_max_len: int | None) -> None:
@@ -106,7 +103,6 @@ def check_sizes(cfg: GEMConfig, d: int, seq_max_len: int | None) -> None:
     check_at_least("gem.cross_rank", cfg.cross_rank, 0)
     check_at_least("gem.cross_width", cfg.cross_width, 0)
     check_at_least("gem.cross_vocab", cfg.cross_vocab, 1)
-    check_at_least("gem.cross_gate", cfg.cross_gate, 0)
     if seq_max_len is None:
         layers_key, layers = "gem.wukong.num_layers", w.num_layers
     else:
@@ -176,7 +172,7 @@ class GEM(nn.Module):
         else:
             self.wukong = WukongStack(n, d, cfg.wukong)
             head_in = self.wukong.out_tokens * d
-        self.cross_attributes = (CrossAttributes(schema, cfg.cross_width, cfg.cross_vocab, cfg.cross_gate)
+        self.cross_attributes = (CrossAttributes(schema, cfg.cross_width, cfg.cross_vocab)
                                  if cfg.cross_width and cfg.cross_layers else None)
         cross_dim = n * d + (self.cross_attributes.out_dim if self.cross_attributes is not None else 0)
         self.cross = CrossNetwork(cross_dim, cfg.cross_layers, cfg.cross_rank)
@@ -257,8 +253,7 @@ class GEM(nn.Module):
         """Forward FLOPs per row outside the sequence path and the Wukong stack: the embedding (its per-event
         projections at ``seq_len`` events a group), the optional cross branch and the head."""
         embedding = self.embedding.flops_per_example(seq_len)
-        attributes = self.cross_attributes.flops_per_example() if self.cross_attributes is not None else 0
-        return embedding + attributes + self.cross.flops_per_example() + self.head.flops_per_example()
+        return embedding + self.cross.flops_per_example() + self.head.flops_per_example()
 
     def sequence_path_flops(self, width: int) -> int:
         """Forward FLOPs per row of the sequence path (encoder + InterFormer) at merged padded ``width``."""
