@@ -1,6 +1,6 @@
 """GEM minus DCNv2 at the default study's 1.58e10 frontier cells over 30 paired seeds (session 33).
 
-    python paired.py PROBE_OUT WHOLEDAY_TXT
+    python paired.py PROBE_OUT WHOLEDAY_TXT [GEM_CELL DCNV2_CELL]   (default: the 1.58e10 cells)
 
 PROBE_OUT: ``probe.py run ... base gem:0:1:0.01 dcnv2:0:1:0.01 --seeds 30``'s folder; WHOLEDAY_TXT: the lines
 ``../../2026-12-05-s32/cross_width/wholeday.py`` printed for its runs (whole test day, Platt on the whole
@@ -25,6 +25,8 @@ def slice_ne(rec: dict, split: str) -> float:
 
 def main() -> None:
     runs = Path(sys.argv[1]) / "base" / "runs"
+    if len(sys.argv) == 5:
+        CELLS.update(gem=sys.argv[3], dcnv2=sys.argv[4])
     whole = {Path(line.split("\t")[0]).name: float(line.split("\t")[1])
              for line in Path(sys.argv[2]).read_text().splitlines() if "\t" in line}
     cols: dict[str, dict[str, list[float]]] = {"valid": {}, "test slice": {}, "test whole day": {}}
