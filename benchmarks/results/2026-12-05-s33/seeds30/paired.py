@@ -1,6 +1,6 @@
-"""GEM minus DCNv2 at the default study's 1.58e10 frontier cells over 30 paired seeds (session 33).
+"""GEM minus a baseline at the default study's frontier cells over 30 paired seeds (session 33).
 
-    python paired.py PROBE_OUT WHOLEDAY_TXT [GEM_CELL DCNV2_CELL]   (default: the 1.58e10 cells)
+    python paired.py PROBE_OUT WHOLEDAY_TXT [GEM_CELL BASELINE_CELL]   (default: GEM and DCNv2 at 1.58e10)
 
 PROBE_OUT: ``probe.py run ... base gem:0:1:0.01 dcnv2:0:1:0.01 --seeds 30``'s folder; WHOLEDAY_TXT: the lines
 ``../../2026-12-05-s32/cross_width/wholeday.py`` printed for its runs (whole test day, Platt on the whole
@@ -27,6 +27,7 @@ def main() -> None:
     runs = Path(sys.argv[1]) / "base" / "runs"
     if len(sys.argv) == 5:
         CELLS.update(gem=sys.argv[3], dcnv2=sys.argv[4])
+    base = {"dcnv2": "DCNv2", "dlrm": "DLRM", "din": "DIN"}.get(CELLS["dcnv2"].split("-")[0], CELLS["dcnv2"])
     whole = {Path(line.split("\t")[0]).name: float(line.split("\t")[1])
              for line in Path(sys.argv[2]).read_text().splitlines() if "\t" in line}
     cols: dict[str, dict[str, list[float]]] = {"valid": {}, "test slice": {}, "test whole day": {}}
@@ -37,8 +38,8 @@ def main() -> None:
             cols["valid"].setdefault(fam, []).append(slice_ne(rec, "valid"))
             cols["test slice"].setdefault(fam, []).append(slice_ne(rec, "test"))
             cols["test whole day"].setdefault(fam, []).append(whole[name])
-    print("| NE | GEM mean (sd) | DCNv2 mean (sd) | GEM median | DCNv2 median | GEM - DCNv2, paired [95 % t] "
-          "| seeds GEM lower |")
+    print(f"| NE | GEM mean (sd) | {base} mean (sd) | GEM median | {base} median "
+          f"| GEM - {base}, paired [95 % t] | seeds GEM lower |")
     print("|---|---|---|---|---|---|---|")
     for split, v in cols.items():
         g, d = v["gem"], v["dcnv2"]
