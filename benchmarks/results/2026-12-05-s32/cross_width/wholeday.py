@@ -3,11 +3,11 @@ validation day): python wholeday.py RUN_DIR ... (cached in RUN/frontier_test.jso
 import sys
 from pathlib import Path
 
-from opengem.bench.isoflop import frontier_test
+from opengem.bench.isoflop import frontier_test, selection_ne
 
 for run in sys.argv[1:]:
     r = frontier_test(Path(run), "day=007", 0, 1, 0)
     m = r["metrics"]
-    ne = (m["all/click"]["ne"] + m["all/conversion"]["ne"]) / 2
+    ne = selection_ne(m, "tasks")
     click, conv = m["all/click"]["ne"], m["all/conversion"]["ne"]
     print(f"{run}\t{ne:.4f}\tclick {click:.4f}\tconv {conv:.4f}", flush=True)

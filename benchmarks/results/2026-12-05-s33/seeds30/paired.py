@@ -4,7 +4,7 @@
 
 PROBE_OUT: ``probe.py run ... base gem:0:1:0.01 dcnv2:0:1:0.01 --seeds 30``'s folder; WHOLEDAY_TXT: the lines
 ``../../2026-12-05-s32/cross_width/wholeday.py`` printed for its runs (whole test day, Platt on the whole
-validation day). NE = mean of all/click and all/conversion.
+validation day). NE = the study's own "tasks" metric (mean of all/click and all/conversion).
 """
 
 import json
@@ -13,14 +13,10 @@ import sys
 from pathlib import Path
 
 from opengem.bench.fit import mean_ci
+from opengem.bench.isoflop import selection_ne
 
 CELLS = {"gem": "gem-s0-b1-lr0.01", "dcnv2": "dcnv2-s0-b1-lr0.01"}
 SEEDS = range(30)
-
-
-def slice_ne(rec: dict, split: str) -> float:
-    m = rec[split]
-    return (m["all/click"]["ne"] + m["all/conversion"]["ne"]) / 2
 
 
 def main() -> None:
@@ -35,8 +31,8 @@ def main() -> None:
         for s in SEEDS:
             name = f"{cell}-seed{s}"
             rec = json.loads((runs / name / "result.json").read_text())
-            cols["valid"].setdefault(fam, []).append(slice_ne(rec, "valid"))
-            cols["test slice"].setdefault(fam, []).append(slice_ne(rec, "test"))
+            cols["valid"].setdefault(fam, []).append(selection_ne(rec["valid"], "tasks"))
+            cols["test slice"].setdefault(fam, []).append(selection_ne(rec["test"], "tasks"))
             cols["test whole day"].setdefault(fam, []).append(whole[name])
     print(f"| NE | GEM mean (sd) | {base} mean (sd) | GEM median | {base} median "
           f"| GEM - {base}, paired [95 % t] | seeds GEM lower |")
