@@ -151,3 +151,24 @@ def test_tiny_gem_overfits_a_tiny_batch(one_thread):
         opt.step()
         losses.append(float(loss))
     assert losses[-1] < 0.3 * losses[0], f"loss {losses[0]:.3f} -> {losses[-1]:.3f}"
+
+
+def test_gem_without_norms_trains_and_its_norm_key_is_checked():
+    """The iso-FLOP study's 4-wide rungs run GEM with no Wukong or Sequence-Arch LayerNorm and no summary gate
+    (``wukong.norm = "none"``, ``interformer.seq_norm = "none"``, ``interformer.gate = "none"``)."""
+    schema = _schema()
+    cfg = GEMConfig(wukong=WukongConfig(n_fm=2, n_lin=2, k=2, mlp_dims=[16], cross_layer_attention=False,
+                                        norm="none"),
+                    interformer=InterFormerConfig(num_layers=1, seq_norm="none", gate="none"),
+                    cross_layers=2, cross_rank=2)
+    model = GEM(schema, EmbeddingConfig(d=4), HeadConfig(hidden=[16]), cfg)
+    names = [n for n, _ in model.named_parameters()]
+    assert not any(n.endswith((".interaction.ln.weight", ".ln1.weight", ".ln2.weight")) for n in names)
+    assert any(n.endswith(".interaction.fm_ln.weight") for n in names)  # the FMB's own norm stays
+    batch = random_batch(schema, 6)
+    out = model(batch)
+    masked_bce(out.logits, batch.labels, batch.label_mask).backward()
+    assert torch.isfinite(out.logits).all()
+    cfg.wukong.norm = "rms"
+    with pytest.raises(ConfigError, match=r"gem\.wukong\.norm: 'rms' is not one of layer, none"):
+        GEM(schema, EmbeddingConfig(d=4), HeadConfig(hidden=[16]), cfg)

@@ -58,6 +58,50 @@ def test_fused_combine_matches_reference_forward_and_backward(B, n, d, n_fm, n_l
     _same(run_fwd_bwd(call("pytorch"), inputs), run_fwd_bwd(call("fused"), inputs))
 
 
+@pytest.mark.parametrize("B,n,d,n_fm,n_lin,residual_map", [
+    (6, 15, 4, 2, 2, True),  # the iso-FLOP study's 4-wide rung: 15 tokens in, 4 out
+    (4, 6, 4, 4, 2, False),  # identity residual
+    (0, 9, 4, 3, 2, True),  # an empty batch
+])
+def test_combine_without_layer_norm_is_the_plain_sum_under_both_kernels(B, n, d, n_fm, n_lin, residual_map):
+    """``wukong.norm = "none"``: both kernels return concat(FMB, W_L·X) + residual, forward and backward."""
+    x = tokens(B, n, d)
+    f = rand(B, n_fm, d, seed=6)
+    w_lin = rand(n_lin, n, seed=7)
+    w_res = rand(n_fm + n_lin, n, seed=8) if residual_map else None
+
+    def call(kernel: str):  # noqa: ANN202
+        return lambda f, x, wl, wr: fmb_ops.combine(f, x, wl, wr, None, None, kernel=kernel)
+
+    def plain(f, x, wl, wr):  # noqa: ANN001, ANN202
+        res = x if wr is None else torch.einsum("mn,bnd->bmd", wr, x)
+        return torch.cat([f, torch.einsum("ln,bnd->bld", wl, x)], dim=1) + res
+
+    inputs = [f, x, w_lin, w_res]
+    ref = run_fwd_bwd(plain, inputs)
+    _same(ref, run_fwd_bwd(call("pytorch"), inputs))
+    _same(ref, run_fwd_bwd(call("fused"), inputs))
+
+
+def test_wukong_layer_without_norm_has_no_layer_norm_and_same_numbers_under_both_kernels():
+    torch.manual_seed(0)
+    layer = WukongLayer(9, 4, 4, 3, WukongConfig(n_fm=4, n_lin=3, k=3, mlp_dims=[16], norm="none"))
+    assert layer.ln is None
+    x = tokens(5, 9, 4, zero_rows=(2,))
+    results = []
+    for kernel in ("pytorch", "fused"):
+        use_kernel(layer, kernel)
+        layer.zero_grad()
+        out, (gx,) = run_fwd_bwd(layer, [x])
+        results.append((out, [gx, *(p.grad.clone() for p in layer.parameters())]))
+    _same(*results)
+    # without the norm a token keeps its mean and length: scaling the input scales the LCB/residual part
+    lin = torch.einsum("mn,bnd->bmd", layer.W_R, x)[:, 4:] + torch.einsum("ln,bnd->bld", layer.W_L, x)
+    torch.testing.assert_close(layer(x)[:, 4:], lin)
+    with pytest.raises(ValueError, match="wukong.norm: 'rms' is not one of layer, none"):
+        WukongLayer(9, 4, 4, 3, WukongConfig(n_fm=4, n_lin=3, k=3, mlp_dims=[16], norm="rms"))
+
+
 def test_combine_rejects_identity_residual_of_the_wrong_size():
     with pytest.raises(ValueError, match="identity residual"):
         fmb_ops.combine(torch.zeros(2, 3, 4), torch.zeros(2, 5, 4), torch.zeros(1, 5), None,

@@ -112,6 +112,7 @@ def check_sizes(cfg: GEMConfig, d: int, seq_max_len: int | None) -> None:
     check_at_least("gem.wukong.n_lin", w.n_lin, 0)
     check_at_least("gem.wukong.k", w.k, 1)
     check_widths("gem.wukong.mlp_dims", w.mlp_dims)
+    check_choice("gem.wukong.norm", w.norm, ("layer", "none"))
     if not 0 <= w.dropout <= 1:
         raise ConfigError(f"gem.wukong.dropout: must be in [0, 1] (got {w.dropout!r})")
     if w.input_attentive_y:

@@ -43,6 +43,10 @@ class WukongConfig:
     y_hidden: int = 32  # hidden width of the input-attentive Y MLP
     pyramid: list[int] = field(default_factory=list)  # output token count per layer (empty = nF + nL each)
     dropout: float = 0.0  # dropout inside the FMB MLP
+    # the LayerNorm over each output token (the paper's), or "none" (OURS): at 4-wide tokens a LayerNorm
+    # discards each token's mean and length, two of its four numbers (session 34: on the iso-FLOP study's
+    # 4-wide rungs GEM then failed to learn the history terms on a third of its seeds)
+    norm: str = "layer"
 
 
 def layer_token_counts(cfg: WukongConfig, num_layers: int) -> list[tuple[int, int]]:
@@ -96,7 +100,9 @@ class WukongLayer(nn.Module):
         self.mlp = _mlp(self.mlp_dims, cfg.dropout)
         self.W_L = nn.Parameter(torch.randn(n_lin, n_in) / n_in**0.5)
         self.W_R = nn.Parameter(torch.randn(self.n_out, n_in) / n_in**0.5) if self.n_out != n_in else None
-        self.ln = nn.LayerNorm(d)
+        if cfg.norm not in ("layer", "none"):
+            raise ValueError(f"wukong.norm: {cfg.norm!r} is not one of layer, none")
+        self.ln = nn.LayerNorm(d) if cfg.norm == "layer" else None
         self.dropout = cfg.dropout
         self.kernel = Kernel.PYTORCH  # the ops kernel (opengem.ops.fmb); GEM sets it via use_kernel
         self.linear_kernel = Kernel.PYTORCH  # the MLP's products (opengem.ops.linear; train.cpu_linear)
@@ -122,8 +128,10 @@ class WukongLayer(nn.Module):
                               [m.bias for m in linears], self.fm_ln.eps, kernel=self.kernel,
                               linear_kernel=self.linear_kernel)
         combine_kernel = Kernel.FUSED if self.kernel is Kernel.TRITON else self.kernel  # no Triton combine
-        return fmb_ops.combine(fmb.view(B, self.n_fm, self.d), x, self.W_L, self.W_R, self.ln.weight,
-                               self.ln.bias, self.ln.eps, kernel=combine_kernel)
+        ln = self.ln
+        return fmb_ops.combine(fmb.view(B, self.n_fm, self.d), x, self.W_L, self.W_R,
+                               None if ln is None else ln.weight, None if ln is None else ln.bias,
+                               1e-5 if ln is None else ln.eps, kernel=combine_kernel)
 
     def flops(self) -> int:
         n, d, k = self.n_in, self.d, self.k

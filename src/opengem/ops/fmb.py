@@ -63,13 +63,14 @@ def combine(
     x: torch.Tensor,
     w_lin: torch.Tensor,
     w_res: torch.Tensor | None,
-    ln_weight: torch.Tensor,
-    ln_bias: torch.Tensor,
+    ln_weight: torch.Tensor | None,
+    ln_bias: torch.Tensor | None,
     eps: float = 1e-5,
     *,
     kernel: Kernel | str = Kernel.PYTORCH,
 ) -> torch.Tensor:
-    """A Wukong layer's output [B, nF + nL, d] = LN(concat(FMB, W_L·X) + residual(X)).
+    """A Wukong layer's output [B, nF + nL, d] = LN(concat(FMB, W_L·X) + residual(X)), or the sum without
+    the LN when ``ln_weight`` is None (``wukong.norm = "none"``).
 
     fmb_tokens [B, nF, d]; x [B, n, d]; w_lin [nL, n]; w_res [nF + nL, n], or None for the identity
     residual (then nF + nL must equal n).

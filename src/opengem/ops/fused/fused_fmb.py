@@ -77,13 +77,16 @@ def combine(
     x: torch.Tensor,
     w_lin: torch.Tensor,
     w_res: torch.Tensor | None,
-    ln_weight: torch.Tensor,
-    ln_bias: torch.Tensor,
+    ln_weight: torch.Tensor | None,
+    ln_bias: torch.Tensor | None,
     eps: float,
 ) -> torch.Tensor:
-    """LN(concat(FMB, W_L·X) + residual(X)) -> [B, nF + nL, d]; residual = X, or W_R·X when given."""
+    """LN(concat(FMB, W_L·X) + residual(X)) -> [B, nF + nL, d]; residual = X, or W_R·X when given; no LN
+    when ``ln_weight`` is None."""
     B, n_fm = x.shape[0], fmb_tokens.shape[1]
     w_c = mixing_weight(n_fm, w_lin, w_res)
     padded = F.pad(fmb_tokens, (0, 0, 0, w_lin.shape[0]))
     out = torch.baddbmm(padded, w_c.expand(B, *w_c.shape).contiguous(), x)  # contiguous: as Y above
+    if ln_weight is None:
+        return out
     return F.layer_norm(out, (out.shape[2],), ln_weight, ln_bias, eps)

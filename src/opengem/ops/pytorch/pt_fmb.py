@@ -41,12 +41,15 @@ def combine(
     x: torch.Tensor,
     w_lin: torch.Tensor,
     w_res: torch.Tensor | None,
-    ln_weight: torch.Tensor,
-    ln_bias: torch.Tensor,
+    ln_weight: torch.Tensor | None,
+    ln_bias: torch.Tensor | None,
     eps: float,
 ) -> torch.Tensor:
-    """LN(concat(FMB, W_L·X) + residual(X)) -> [B, nF + nL, d]; residual = X, or W_R·X when given."""
+    """LN(concat(FMB, W_L·X) + residual(X)) -> [B, nF + nL, d]; residual = X, or W_R·X when given; no LN
+    when ``ln_weight`` is None."""
     lcb = torch.einsum("ln,bnd->bld", w_lin, x)
     res = x if w_res is None else torch.einsum("mn,bnd->bmd", w_res, x)
     out = torch.cat([fmb_tokens, lcb], dim=1) + res
+    if ln_weight is None:
+        return out
     return F.layer_norm(out, (out.shape[2],), ln_weight, ln_bias, eps)
