@@ -4,10 +4,11 @@ Each cell is trained by the study's own worker (``opengem.bench.isoflop_worker``
 latest days, Platt on the validation slice, 16,384-row test slice) under a named variant (a list of --set
 overrides, empty = the study's own recipe), seeds 0..N-1, into OUT/<variant>/runs/.
 
-    python probe.py run STUDY_TOML DATA OUT VARIANT CELL... [--seeds N] [--set k=v ...]
+    python probe.py run STUDY_TOML DATA OUT VARIANT CELL... [--seeds N] [--first F] [--set k=v ...]
     python probe.py table OUT          (valid / test NE mean, sd and range per cell and variant)
 
-CELL = family:size:budget:lr. PROBE_WORKERS runs at once (default 2).
+CELL = family:size:budget:lr. PROBE_WORKERS runs at once (default 2). ``--first F`` (session 34): seeds
+F..F+N-1, to confirm a change on seeds it was not chosen on.
 """
 import json
 import os
@@ -19,11 +20,11 @@ from pathlib import Path
 
 
 def run(study: str, data: str, out: Path, variant: str, cells: list[str], seeds: int,
-        sets: list[str]) -> None:
+        sets: list[str], first: int = 0) -> None:
     vout = out / variant
     (vout / "logs").mkdir(parents=True, exist_ok=True)
     (vout / "variant.json").write_text(json.dumps({"overrides": sets}))
-    jobs = [(*c.split(":"), str(s)) for s in range(seeds) for c in cells]
+    jobs = [(*c.split(":"), str(s)) for s in range(first, first + seeds) for c in cells]
 
     def one(job: tuple) -> None:
         with open(vout / "logs" / f"{'-'.join(job)}.txt", "w") as fh:
@@ -62,14 +63,16 @@ if __name__ == "__main__":
     if a[0] == "table":
         table(Path(a[1]))
     else:
-        seeds, sets, rest = 5, [], []
+        seeds, first, sets, rest = 5, 0, [], []
         it = iter(a[1:])
         for x in it:
             if x == "--seeds":
                 seeds = int(next(it))
+            elif x == "--first":
+                first = int(next(it))
             elif x == "--set":
                 sets.append(next(it))
             else:
                 rest.append(x)
         study, data, out, variant, *cells = rest
-        run(study, data, Path(out), variant, cells, seeds, sets)
+        run(study, data, Path(out), variant, cells, seeds, sets, first)
