@@ -50,6 +50,7 @@ from opengem.model.heads import HeadConfig, MultiSurfaceHead, context_columns, h
 from opengem.model.interformer import InterFormer, InterFormerConfig
 from opengem.model.output import ModelOutput
 from opengem.model.sequence import SequenceEncoder, SequenceEncoderConfig, _pyramid_plan, use_kernel
+from opengem.model.wukong import NORMS as WUKONG_NORMS
 from opengem.model.wukong import WukongConfig, WukongStack
 from opengem.ops.jagged import compact, zero_padding
 from opengem.ops.kernel import WITH_FUSED_AND_TRITON
@@ -112,7 +113,7 @@ def check_sizes(cfg: GEMConfig, d: int, seq_max_len: int | None) -> None:
     check_at_least("gem.wukong.n_lin", w.n_lin, 0)
     check_at_least("gem.wukong.k", w.k, 1)
     check_widths("gem.wukong.mlp_dims", w.mlp_dims)
-    check_choice("gem.wukong.norm", w.norm, ("layer", "none"))
+    check_choice("gem.wukong.norm", w.norm, WUKONG_NORMS)
     if not 0 <= w.dropout <= 1:
         raise ConfigError(f"gem.wukong.dropout: must be in [0, 1] (got {w.dropout!r})")
     if w.input_attentive_y:

@@ -25,6 +25,8 @@ from opengem.ops import fmb as fmb_ops
 from opengem.ops.cpu_autocast import fp32_under_cpu_autocast
 from opengem.ops.kernel import WITH_FUSED_AND_TRITON, Kernel
 
+NORMS = ("layer", "none")  # WukongConfig.norm's choices
+
 
 @dataclass
 class WukongConfig:
@@ -100,8 +102,8 @@ class WukongLayer(nn.Module):
         self.mlp = _mlp(self.mlp_dims, cfg.dropout)
         self.W_L = nn.Parameter(torch.randn(n_lin, n_in) / n_in**0.5)
         self.W_R = nn.Parameter(torch.randn(self.n_out, n_in) / n_in**0.5) if self.n_out != n_in else None
-        if cfg.norm not in ("layer", "none"):
-            raise ValueError(f"wukong.norm: {cfg.norm!r} is not one of layer, none")
+        if cfg.norm not in NORMS:
+            raise ValueError(f"wukong.norm: {cfg.norm!r} is not one of {', '.join(NORMS)}")
         self.ln = nn.LayerNorm(d) if cfg.norm == "layer" else None
         self.dropout = cfg.dropout
         self.kernel = Kernel.PYTORCH  # the ops kernel (opengem.ops.fmb); GEM sets it via use_kernel
@@ -129,9 +131,9 @@ class WukongLayer(nn.Module):
                               linear_kernel=self.linear_kernel)
         combine_kernel = Kernel.FUSED if self.kernel is Kernel.TRITON else self.kernel  # no Triton combine
         ln = self.ln
-        return fmb_ops.combine(fmb.view(B, self.n_fm, self.d), x, self.W_L, self.W_R,
-                               None if ln is None else ln.weight, None if ln is None else ln.bias,
-                               1e-5 if ln is None else ln.eps, kernel=combine_kernel)
+        norm = (ln.weight, ln.bias, ln.eps) if ln is not None else (None, None, 0.0)  # eps unused without LN
+        return fmb_ops.combine(fmb.view(B, self.n_fm, self.d), x, self.W_L, self.W_R, *norm,
+                               kernel=combine_kernel)
 
     def flops(self) -> int:
         n, d, k = self.n_in, self.d, self.k
