@@ -4,7 +4,9 @@
 
 PROBE_OUT: ``probe.py run ... base gem:0:1:0.01 dcnv2:0:1:0.01 --seeds 30``'s folder; WHOLEDAY_TXT: the lines
 ``../../2026-12-05-s32/cross_width/wholeday.py`` printed for its runs (whole test day, Platt on the whole
-validation day). NE = the study's own "tasks" metric (mean of all/click and all/conversion).
+validation day). NE = the study's own "tasks" metric (mean of all/click and all/conversion). A cell may name
+its probe variant, ``VARIANT/CELL`` (default ``base``; session 34 pairs ``nonorm/gem-...`` with ``base/...``),
+and the seeds are those both cells ran (session 33: 0-29; session 34: 30-59).
 """
 
 import json
@@ -16,26 +18,49 @@ from opengem.bench.fit import mean_ci
 from opengem.bench.isoflop import selection_ne
 
 CELLS = {"gem": "gem-s0-b1-lr0.01", "dcnv2": "dcnv2-s0-b1-lr0.01"}
-SEEDS = range(30)
+NAMES = {"gem": "GEM", "dcnv2": "DCNv2", "dlrm": "DLRM", "din": "DIN"}
+
+
+def split_cell(cell: str) -> tuple[str, str]:
+    """``VARIANT/CELL`` or ``CELL`` -> (variant, cell); the variant defaults to the probe's "base"."""
+    variant, _, name = cell.rpartition("/")
+    return variant or "base", name
+
+
+def label(cell: str) -> str:
+    variant, name = split_cell(cell)
+    family = name.split("-")[0]
+    text = NAMES.get(family, name)
+    return text if variant == "base" else f"{text} ({variant})"
+
+
+def seeds_of(out: Path, cell: str) -> set[int]:
+    variant, name = split_cell(cell)
+    done = (out / variant / "runs").glob(f"{name}-seed*/result.json")
+    return {int(p.parent.name.rsplit("-seed", 1)[1]) for p in done}
 
 
 def main() -> None:
-    runs = Path(sys.argv[1]) / "base" / "runs"
+    out = Path(sys.argv[1])
     if len(sys.argv) == 5:
         CELLS.update(gem=sys.argv[3], dcnv2=sys.argv[4])
-    base = {"dcnv2": "DCNv2", "dlrm": "DLRM", "din": "DIN"}.get(CELLS["dcnv2"].split("-")[0], CELLS["dcnv2"])
-    whole = {Path(line.split("\t")[0]).name: float(line.split("\t")[1])
-             for line in Path(sys.argv[2]).read_text().splitlines() if "\t" in line}
+    gem, base = label(CELLS["gem"]), label(CELLS["dcnv2"])
+    # keyed by VARIANT/RUN: two variants' runs of one cell share a run name
+    whole = {f"{Path(run).parents[1].name}/{Path(run).name}": float(value)
+             for run, value, *_ in (line.split("\t") for line in Path(sys.argv[2]).read_text().splitlines()
+                                    if "\t" in line)}
+    seeds = sorted(seeds_of(out, CELLS["gem"]) & seeds_of(out, CELLS["dcnv2"]))
     cols: dict[str, dict[str, list[float]]] = {"valid": {}, "test slice": {}, "test whole day": {}}
     for fam, cell in CELLS.items():
-        for s in SEEDS:
-            name = f"{cell}-seed{s}"
-            rec = json.loads((runs / name / "result.json").read_text())
+        variant, cell_name = split_cell(cell)
+        for s in seeds:
+            name = f"{cell_name}-seed{s}"
+            rec = json.loads((out / variant / "runs" / name / "result.json").read_text())
             cols["valid"].setdefault(fam, []).append(selection_ne(rec["valid"], "tasks"))
             cols["test slice"].setdefault(fam, []).append(selection_ne(rec["test"], "tasks"))
-            cols["test whole day"].setdefault(fam, []).append(whole[name])
-    print(f"| NE | GEM mean (sd) | {base} mean (sd) | GEM median | {base} median "
-          f"| GEM - {base}, paired [95 % t] | seeds GEM lower |")
+            cols["test whole day"].setdefault(fam, []).append(whole[f"{variant}/{name}"])
+    print(f"| NE | {gem} mean (sd) | {base} mean (sd) | {gem} median | {base} median "
+          f"| {gem} - {base}, paired [95 % t] | seeds {gem} lower |")
     print("|---|---|---|---|---|---|---|")
     for split, v in cols.items():
         g, d = v["gem"], v["dcnv2"]
