@@ -6,8 +6,8 @@ tuned learning rate, >= 5 seeds, GEM minus each baseline with a paired 95 % CI):
     .venv/bin/python benchmarks/lr_compare.py --datasets frappe_x1,kuairand_pure \
         --models gem,lr,dcnv2,dlrm,wukong --seeds 0,1,2,3,4   # issue 14's real-data table
     options: --out DIR (default runs/lr_compare), --datasets a,b, --models a,b, --seeds 0,1,2,
-             --scales 0.3,1,3 (learning-rate grid), --epochs N (0 = the recipe's), --jobs N (default 2),
-             --table-only, then section.key=value overrides for every run
+             --scales 0.3,1,3 (learning-rate grid), --extend N (default 0), --epochs N (0 = the recipe's),
+             --jobs N (default 2), --table-only, then section.key=value overrides for every run
 
 Every (dataset, model, seed, lr) is one process of ``benchmarks/quality_harness.py`` (the one Trainer,
 early stopping on ``valid`` by AUC with patience 2, test metrics of the best validation epoch) writing one
@@ -18,7 +18,9 @@ read one recipe (configs/frappe.toml, configs/movielens.toml) and the same epoch
 Learning rate: each scale s of the grid multiplies *both* the recipe's dense ``train.lr`` and its
 ``train.sparse_lr`` (LR is nearly all table rows, the deep models mostly dense weights: one knob moves
 both). The grid runs on the first seed; per (dataset, model) the scale with the lowest validation NE wins
-(never test), and the other seeds run at it. Two selection rules are reported from the same runs: the
+(never test), and the other seeds run at it. With ``--extend N`` (the iso-FLOP study's ``lr_extend``), a
+winner on an edge of the scales tried gets one more scale past that edge on the first seed (0.3, 1, 3 -> 10
+or 0.1), up to N times, before the other seeds run. Two selection rules are reported from the same runs: the
 epoch of best validation AUC (the harness's, as BARS reports frappe) and the epoch of lowest validation
 NE (read from the per-epoch history, which scores test after every epoch); each rule picks its own scale,
 and the other seeds run at both winners. Data: converted with the named adapters from
@@ -45,6 +47,7 @@ SHARED = Path(os.environ.get("OPENGEM_DATA", REPO.parent / "shared" / "data"))
 sys.path.insert(0, str(REPO / "src"))
 
 from opengem.bench.fit import mean_ci  # noqa: E402
+from opengem.bench.isoflop_rule import next_rate  # noqa: E402
 from opengem.train.config import load_run_config  # noqa: E402
 
 DATASETS: dict[str, dict[str, Any]] = {
@@ -111,9 +114,24 @@ def load(path: Path) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
+def tried_scales(out: Path, ds: str, model: str, seed: int, scales: list[float]) -> list[float]:
+    """The grid plus the scales ``--extend`` added beyond its edges (found as result files), ascending."""
+    found = {float(p.name.split("_x", 1)[1].rsplit("_seed", 1)[0])
+             for p in (out / "results" / ds).glob(f"{model}_x*_seed{seed}.json")}
+    return sorted(set(scales) | found)
+
+
 def best_scale(out: Path, ds: str, model: str, seed: int, scales: list[float], select: str) -> float | None:
-    scores = {s: valid_ne(r, select) for s in scales if (r := load(result_path(out, ds, model, seed, s)))}
+    tried = tried_scales(out, ds, model, seed, scales)
+    scores = {s: valid_ne(r, select) for s in tried if (r := load(result_path(out, ds, model, seed, s)))}
     return min(scores, key=scores.get) if scores else None
+
+
+def beyond_edge(out: Path, ds: str, model: str, seed: int, scales: list[float], select: str) -> float | None:
+    """The scale one grid step past the edge the rule's best sits on (None: bracketed, or not trained yet)."""
+    runs = {s: r for s in tried_scales(out, ds, model, seed, scales)
+            if (r := load(result_path(out, ds, model, seed, s)))}
+    return next_rate(sorted(runs), {s: valid_ne(r, select) for s, r in runs.items()})
 
 
 def run_all(args: argparse.Namespace, data: dict[str, Path], out: Path) -> None:
@@ -140,12 +158,20 @@ def run_all(args: argparse.Namespace, data: dict[str, Path], out: Path) -> None:
             pending[(ds, m)] = {pool.submit(run, c) for c in cmds}
         live = {f for fs in pending.values() for f in fs}
         seeded: set[tuple[str, str]] = set()
+        extended: dict[tuple[str, str], int] = {}
         while True:
             for pair, fs in pending.items():
                 if pair in seeded or any(not f.done() for f in fs):
                     continue
                 for f in fs:
                     f.result()  # a failed run stops the comparison here, with its error
+                beyond = {b for select in SELECT
+                          if (b := beyond_edge(out, *pair, grid_seed, args.scales, select)) is not None}
+                if beyond and extended.get(pair, 0) < args.extend:  # the best is an edge: one step past it
+                    extended[pair] = extended.get(pair, 0) + 1
+                    pending[pair] = {pool.submit(run, c) for b in beyond if (c := job(*pair, grid_seed, b))}
+                    live |= pending[pair]
+                    continue
                 seeded.add(pair)
                 for select in SELECT:
                     best = best_scale(out, *pair, grid_seed, args.scales, select)
@@ -225,8 +251,9 @@ def table(args: argparse.Namespace, out: Path, ds: str, select: str) -> list[str
                          + ", ".join(parts))
     lines.append(f"  lr grid, seed {args.seeds[0]}: validation NE at the chosen epoch (lower wins)")
     for m in args.models:
-        grid = [load(result_path(out, ds, m, args.seeds[0], s)) for s in args.scales]
-        row = [f"x{s:g} " + (f"{valid_ne(r, select):.4f}" if r else "-") for s, r in zip(args.scales, grid)]
+        scales = tried_scales(out, ds, m, args.seeds[0], args.scales)
+        grid = [load(result_path(out, ds, m, args.seeds[0], s)) for s in scales]
+        row = [f"x{s:g} " + (f"{valid_ne(r, select):.4f}" if r else "-") for s, r in zip(scales, grid)]
         lines.append(f"  {m:<7}" + "   ".join(row))
     return lines
 
@@ -240,6 +267,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scales", default="0.3,1,3")
     p.add_argument("--epochs", type=int, default=0, help="0 = train.epochs of the recipe")
     p.add_argument("--jobs", type=int, default=2, help="runs at a time (each one process, one thread)")
+    p.add_argument("--extend", type=int, default=0,
+                   help="while a model's best scale is an edge of those tried, try up to N steps past it")
     p.add_argument("--table-only", action="store_true")
     p.add_argument("overrides", nargs="*", help="extra section.key=value for every run")
     args = p.parse_args(argv)

@@ -248,3 +248,30 @@ def test_gpu_check_table_shows_gem_eager_when_gem_failed_compiled(tmp_path):
     row = next(ln for ln in text.splitlines() if ln.startswith("gem*")).split()
     assert row[1:4] == ["bf16", "5,000", "20.00%"] and row[-2:] == ["12.0", "-"]
     assert "gem* = compile off" in text
+
+
+def test_lr_compare_extends_the_grid_past_an_edge_best(tmp_path):
+    """``lr_compare.py --extend``: a best scale on the grid's edge asks for one step past it (1-3-10 grid);
+    once bracketed, nothing more; the extension's result file counts as a tried scale."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("lr_compare", REPO / "benchmarks" / "lr_compare.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+
+    def write(scale: float, ne: float) -> None:
+        h = {"epoch": 1, "valid": {"metrics": {"all/like": {"ne": ne, "auc": 0.7}}}}
+        path = mod.result_path(tmp_path, "ds", "gem", 0, scale)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"history": [h], "best_epoch": 1}))
+
+    grid = [0.3, 1.0, 3.0]
+    for scale, ne in ((0.3, 0.90), (1.0, 0.88), (3.0, 0.86)):
+        write(scale, ne)
+    assert mod.beyond_edge(tmp_path, "ds", "gem", 0, grid, "ne") == 10.0
+    write(10.0, 0.87)
+    assert mod.tried_scales(tmp_path, "ds", "gem", 0, grid) == [0.3, 1.0, 3.0, 10.0]
+    assert mod.beyond_edge(tmp_path, "ds", "gem", 0, grid, "auc") is None  # bracketed now
+    assert mod.best_scale(tmp_path, "ds", "gem", 0, grid, "ne") == 3.0
+    write(0.3, 0.80)  # the bottom edge wins instead: one step below
+    assert mod.beyond_edge(tmp_path, "ds", "gem", 0, grid, "ne") == 0.1
