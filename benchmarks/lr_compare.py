@@ -173,10 +173,11 @@ def run_all(args: argparse.Namespace, data: dict[str, Path], out: Path) -> None:
                     live |= pending[pair]
                     continue
                 seeded.add(pair)
-                for select in SELECT:
-                    best = best_scale(out, *pair, grid_seed, args.scales, select)
+                bests = {best_scale(out, *pair, grid_seed, args.scales, select) for select in SELECT}
+                bests.discard(None)  # once each: the two rules often pick the same scale
+                for best in sorted(bests):
                     for s in others:
-                        if best is not None and (c := job(*pair, s, best)):
+                        if c := job(*pair, s, best):
                             live.add(pool.submit(run, c))
             live = {f for f in live if not f.done()}
             if not live and len(seeded) == len(pending):
