@@ -17,12 +17,14 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import numpy as np
-
 REPO = Path(__file__).resolve().parents[4]
 spec = importlib.util.spec_from_file_location("lr_compare", REPO / "benchmarks" / "lr_compare.py")
 lrc = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(lrc)
+spec = importlib.util.spec_from_file_location("sparse_axis",
+                                              Path(__file__).parents[1] / "sparse_axis" / "sparse_axis.py")
+sparse_axis = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(sparse_axis)
 
 MODELS = ["gem", "dcnv2", "dlrm", "wukong"]
 DENSE = [1e-3, 3e-3]
@@ -86,16 +88,10 @@ def main() -> None:
         for d in sorted({p[0] for p in pts}):
             cells = [f"s{s:g} {valid(args.out, m, d, s):.4f}" for dd, s in pts if dd == d]
             print(f"  {m:<7} d{d:g}  " + "   ".join(cells))
-    test = {}
     print("\ntest all/click at the chosen (dense, sparse), epoch by validation NE, 5 seeds")
-    for m in MODELS:
-        recs = [lrc.chosen_epoch(lrc.load(path(args.out, m, *chosen[m], s)), "ne") for s in range(5)]
-        test[m] = {k: np.array([h["test"]["metrics"]["all/click"][k] for h in recs]) for k in ("auc", "ne")}
-        print(f"  {m:<7} dense {chosen[m][0]:g} sparse {chosen[m][1]:g}: AUC {test[m]['auc'].mean():.4f}  "
-              f"NE {test[m]['ne'].mean():.4f} (sd {test[m]['ne'].std(ddof=1):.4f})")
-    for m in MODELS[1:]:
-        print(f"  gem - {m}: NE {lrc.paired_ci(test['gem']['ne'] - test[m]['ne'])}, "
-              f"AUC {lrc.paired_ci(test['gem']['auc'] - test[m]['auc'])}")
+    runs = {m: [path(args.out, m, *chosen[m], s) for s in range(5)] for m in MODELS}
+    labels = {m: f"dense {chosen[m][0]:g} sparse {chosen[m][1]:g}" for m in MODELS}
+    sparse_axis.print_test(runs, "all/click", labels)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,19 @@ def path(out: Path, model: str, sparse: float, seed: int) -> Path:
     return out / f"{model}_sp{sparse:g}_seed{seed}.json"
 
 
+def print_test(runs: dict[str, list[Path]], key: str, label: dict[str, str]) -> None:
+    """Test AUC / NE of each model's runs (epoch by validation NE); GEM minus each other, paired by seed."""
+    test = {}
+    for m, paths in runs.items():
+        recs = [lrc.chosen_epoch(json.loads(p.read_text()), "ne") for p in paths]
+        test[m] = {k: np.array([h["test"]["metrics"][key][k] for h in recs]) for k in ("auc", "ne")}
+        print(f"  {m:<7} {label[m]}: AUC {test[m]['auc'].mean():.4f}  "
+              f"NE {test[m]['ne'].mean():.4f} (sd {test[m]['ne'].std(ddof=1):.4f})")
+    for m in (m for m in runs if m != "gem"):
+        print(f"  gem - {m}: NE {lrc.paired_ci(test['gem']['ne'] - test[m]['ne'])}, "
+              f"AUC {lrc.paired_ci(test['gem']['auc'] - test[m]['auc'])}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("dataset", choices=list(lrc.DATASETS))
@@ -92,17 +105,9 @@ def main() -> None:
         print(f"  {m:<7} dense {dense[m]:g}: " + "   ".join(f"s{s:g} {valid(m, s):.4f}" for s in tried(m)))
     for task in lrc.DATASETS[ds]["tasks"]:
         key = f"all/{task}"
-        test = {}
         print(f"\ntest {key} at the chosen sparse rate, epoch by validation NE, 5 seeds")
-        for m in models:
-            recs = [lrc.chosen_epoch(json.loads(path(args.out, m, chosen[m], s).read_text()), "ne")
-                    for s in range(5)]
-            test[m] = {k: np.array([h["test"]["metrics"][key][k] for h in recs]) for k in ("auc", "ne")}
-            print(f"  {m:<7} dense {dense[m]:g} sparse {chosen[m]:g}: AUC {test[m]['auc'].mean():.4f}  "
-                  f"NE {test[m]['ne'].mean():.4f} (sd {test[m]['ne'].std(ddof=1):.4f})")
-        for m in models[1:]:
-            print(f"  gem - {m}: NE {lrc.paired_ci(test['gem']['ne'] - test[m]['ne'])}, "
-                  f"AUC {lrc.paired_ci(test['gem']['auc'] - test[m]['auc'])}")
+        print_test({m: [path(args.out, m, chosen[m], s) for s in range(5)] for m in models}, key,
+                   {m: f"dense {dense[m]:g} sparse {chosen[m]:g}" for m in models})
 
 
 if __name__ == "__main__":
