@@ -1,7 +1,8 @@
 """frappe_x1 with the dense and the sparse rate tuned apart (session 35): lr_compare.py scales both together.
 
 Every deep family on one 2-D grid on seed 0: dense lr 1e-3 / 3e-3 x sparse lr 0.05 / 0.15 / 0.5 / 1.5 (the
-recipe's 0.05 x 1 / 3 / 10 / 30), one more sparse step (5.0) where the best sits on the top sparse edge, plus
+recipe's 0.05 x 1 / 3 / 10 / 30), one more sparse step (5.0) where the best sits on the top sparse edge and
+one dense step (3e-4, at the best's sparse rate) where it sits on the bottom dense edge (a second pass), plus
 any other point already in OUT for the family at seed 0 (the coupled grid's winners, copied in: DCNv2's is
 dense 0.03, sparse 1.5). The point with the lowest validation NE (epoch by validation NE, never test) wins;
 seeds 1-4 run at it; GEM minus each baseline on test, paired by seed. LR is left out (its dense part is a
@@ -30,6 +31,7 @@ MODELS = ["gem", "dcnv2", "dlrm", "wukong"]
 DENSE = [1e-3, 3e-3]
 SPARSE = [0.05, 0.15, 0.5, 1.5]
 BEYOND = 5.0
+BELOW = 3e-4
 
 
 def path(out: Path, model: str, dense: float, sparse: float, seed: int) -> Path:
@@ -79,6 +81,8 @@ def main() -> None:
         edge = [(m, best(args.out, m)[0]) for m in MODELS
                 if best(args.out, m)[1] == SPARSE[-1] and best(args.out, m)[0] in DENSE]
         list(pool.map(lambda a: run(args.data, args.out, a[0], a[1], BEYOND, 0), edge))
+        low = [(m, BELOW, best(args.out, m)[1], 0) for m in MODELS if best(args.out, m)[0] == DENSE[0]]
+        list(pool.map(lambda a: run(args.data, args.out, *a), low))  # a dense step below a bottom-edge best
         chosen = {m: best(args.out, m) for m in MODELS}
         list(pool.map(lambda a: run(args.data, args.out, *a),
                       [(m, *chosen[m], s) for m in MODELS for s in range(1, 5)]))
