@@ -81,12 +81,19 @@ def result_path(out: Path, ds: str, model: str, seed: int, scale: float) -> Path
 def command(ds: str, data: Path, res: Path, model: str, seed: int, scale: float, epochs: int,
             extra: list[str]) -> list[str]:
     cfg = load_run_config(REPO / DATASETS[ds]["config"])
+    lr, sparse_lr = cfg.train.lr * scale, cfg.train.sparse_lr * scale
+    return harness_command(ds, data, res, model, seed, lr, sparse_lr, epochs, extra)
+
+
+def harness_command(ds: str, data: Path, res: Path, model: str, seed: int, lr: float, sparse_lr: float,
+                    epochs: int, extra: list[str]) -> list[str]:
+    """One run of the harness at a dense and a sparse rate (``command`` moves both by one scale)."""
     return [
         PY, str(REPO / "benchmarks/quality_harness.py"), "--config", DATASETS[ds]["config"],
         "--data", str(data), "--out", str(res), "--train", "train", "--valid", "valid", "--test", "test",
         "--epochs", str(epochs),
-        f"model.name={model}", f"train.seed={seed}", f"train.lr={cfg.train.lr * scale:g}",
-        f"train.sparse_lr={cfg.train.sparse_lr * scale:g}", *extra,
+        f"model.name={model}", f"train.seed={seed}", f"train.lr={lr:g}", f"train.sparse_lr={sparse_lr:g}",
+        *extra,
     ]
 
 

@@ -14,7 +14,6 @@ stopping), one JSON each, reused when present.
 import argparse
 import importlib.util
 import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -42,10 +41,7 @@ def run(data: Path, out: Path, model: str, dense: float, sparse: float, seed: in
     res = path(out, model, dense, sparse, seed)
     if res.exists():
         return
-    cmd = [sys.executable, str(REPO / "benchmarks/quality_harness.py"), "--config", "configs/frappe.toml",
-           "--data", str(data), "--out", str(res), "--train", "train", "--valid", "valid", "--test", "test",
-           "--epochs", "0", f"model.name={model}", f"train.seed={seed}", f"train.lr={dense:g}",
-           f"train.sparse_lr={sparse:g}"]
+    cmd = lrc.harness_command("frappe_x1", data, res, model, seed, dense, sparse, 0, [])
     print("$", " ".join(cmd[2:]), flush=True)
     subprocess.run(cmd, check=True, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 

@@ -14,7 +14,6 @@ import argparse
 import importlib.util
 import json
 import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -73,10 +72,7 @@ def main() -> None:
         res = path(args.out, m, sparse, seed)
         if res.exists():
             return
-        cmd = [sys.executable, str(REPO / "benchmarks/quality_harness.py"), "--config",
-               lrc.DATASETS[ds]["config"], "--data", str(data), "--out", str(res), "--train", "train",
-               "--valid", "valid", "--test", "test", "--epochs", "0", f"model.name={m}", f"train.seed={seed}",
-               f"train.lr={dense[m]:g}", f"train.sparse_lr={sparse:g}"]
+        cmd = lrc.harness_command(ds, data, res, m, seed, dense[m], sparse, 0, [])
         print("$", " ".join(cmd[2:]), flush=True)
         subprocess.run(cmd, check=True, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
