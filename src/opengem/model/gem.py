@@ -47,9 +47,15 @@ from opengem.model.embedding import (
 )
 from opengem.model.flops import linear_flops
 from opengem.model.heads import HeadConfig, MultiSurfaceHead, context_columns, head_context
-from opengem.model.interformer import InterFormer, InterFormerConfig
+from opengem.model.interformer import GATES, SEQ_NORMS, InterFormer, InterFormerConfig
 from opengem.model.output import ModelOutput
-from opengem.model.sequence import SequenceEncoder, SequenceEncoderConfig, _pyramid_plan, use_kernel
+from opengem.model.sequence import (
+    SEQUENCE_KINDS,
+    SequenceEncoder,
+    SequenceEncoderConfig,
+    _pyramid_plan,
+    use_kernel,
+)
 from opengem.model.wukong import NORMS as WUKONG_NORMS
 from opengem.model.wukong import WukongConfig, WukongStack
 from opengem.ops.jagged import compact, zero_padding
@@ -133,9 +139,9 @@ def check_sizes(cfg: GEMConfig, d: int, seq_max_len: int | None) -> None:
     check_at_least("gem.interformer.n_pma", f.n_pma, 0)
     check_at_least("gem.interformer.n_recent", f.n_recent, 0)
     check_heads("gem.interformer.num_heads", f.num_heads, d)
-    check_choice("gem.interformer.gate", f.gate, ("sigmoid", "none"))
-    check_choice("gem.interformer.seq_norm", f.seq_norm, ("pre", "post", "none"))
-    check_choice("gem.sequence.kind", s.kind, ("pyramid", "full", "none"))
+    check_choice("gem.interformer.gate", f.gate, GATES)
+    check_choice("gem.interformer.seq_norm", f.seq_norm, SEQ_NORMS)
+    check_choice("gem.sequence.kind", s.kind, SEQUENCE_KINDS)
     for key in ("window", "pool_tokens", "chunk", "num_heads"):
         check_at_least(f"gem.sequence.{key}", getattr(s, key), 1)
     for key in ("levels", "ffn_mult", "full_layers", "truncate"):

@@ -29,6 +29,9 @@ from opengem.ops.cpu_autocast import fp32_under_cpu_autocast
 from opengem.ops.jagged import ensure_nonempty, gather_last, zero_padding
 from opengem.ops.kernel import Kernel
 
+GATES = ("sigmoid", "none")  # InterFormerConfig.gate
+SEQ_NORMS = ("pre", "post", "none")  # InterFormerConfig.seq_norm
+
 
 @dataclass
 class InterFormerConfig:
@@ -52,8 +55,8 @@ class Gate(nn.Module):
 
     def __init__(self, d: int, kind: str) -> None:
         super().__init__()
-        if kind not in ("sigmoid", "none"):
-            raise ValueError(f"interformer.gate: {kind!r} is not one of sigmoid, none")
+        if kind not in GATES:
+            raise ValueError(f"interformer.gate: {kind!r} is not one of {', '.join(GATES)}")
         self.proj = nn.Linear(d, d) if kind == "sigmoid" else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -138,8 +141,8 @@ class SequenceArch(nn.Module):
 
     def __init__(self, d: int, cfg: InterFormerConfig) -> None:
         super().__init__()
-        if cfg.seq_norm not in ("pre", "post", "none"):
-            raise ValueError(f"interformer.seq_norm: {cfg.seq_norm!r} is not one of pre, post, none")
+        if cfg.seq_norm not in SEQ_NORMS:
+            raise ValueError(f"interformer.seq_norm: {cfg.seq_norm!r} is not one of {', '.join(SEQ_NORMS)}")
         self.cfg, self.d = cfg, d
         self.pffn_gen = nn.Linear(cfg.n_cls * d, d * d) if cfg.use_pffn else None
         self.ln1 = nn.LayerNorm(d) if cfg.seq_norm != "none" else nn.Identity()

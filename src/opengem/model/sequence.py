@@ -179,6 +179,8 @@ class TransformerBlock(nn.Module):
 
 # --------------------------------------------------------------------------- encoder
 
+SEQUENCE_KINDS = ("pyramid", "full", "none")  # SequenceEncoderConfig.kind
+
 
 @dataclass
 class SequenceEncoderConfig:
@@ -271,8 +273,8 @@ class SequenceEncoder(nn.Module):
 
     def __init__(self, d: int, max_len: int, cfg: SequenceEncoderConfig) -> None:
         super().__init__()
-        if cfg.kind not in ("pyramid", "full", "none"):
-            raise ValueError(f"sequence.kind: {cfg.kind!r} is not one of pyramid, full, none")
+        if cfg.kind not in SEQUENCE_KINDS:
+            raise ValueError(f"sequence.kind: {cfg.kind!r} is not one of {', '.join(SEQUENCE_KINDS)}")
         for key in ("window", "pool_tokens", "chunk", "num_heads"):
             if getattr(cfg, key) < 1:
                 raise ValueError(f"sequence.{key}: must be >= 1, got {getattr(cfg, key)}")
