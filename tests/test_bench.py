@@ -275,3 +275,21 @@ def test_lr_compare_extends_the_grid_past_an_edge_best(tmp_path):
     assert mod.best_scale(tmp_path, "ds", "gem", 0, grid, "ne") == 3.0
     write(0.3, 0.80)  # the bottom edge wins instead: one step below
     assert mod.beyond_edge(tmp_path, "ds", "gem", 0, grid, "ne") == 0.1
+
+
+def test_lr_compare_scales_its_own_base_rates_not_the_recipes(tmp_path):
+    """The committed real-data tables ran at x scales of the recipes' rates of sessions 4-35; the recipes now
+    carry their model's tuned rates, so the grid's base lives in ``lr_compare.DATASETS`` and a recipe's rate
+    change must not change the runs a committed command line asks for."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("lr_compare", REPO / "benchmarks" / "lr_compare.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.base_rates("frappe_x1") == (1e-3, 0.05)
+    assert mod.base_rates("kuairand_pure") == (3e-3, 0.05)
+    assert mod.base_rates("movielens_100k") == (1e-3, 0.05)
+    cmd = mod.command("frappe_x1", tmp_path, tmp_path / "r.json", "dcnv2", 0, 30.0, 0, [])
+    assert "train.lr=0.03" in cmd and "train.sparse_lr=1.5" in cmd
+    recipe = load_run_config(REPO / mod.DATASETS["frappe_x1"]["config"])
+    assert recipe.train.sparse_lr != 0.05  # the recipe moved; the grid's x1 did not

@@ -53,14 +53,14 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=2)
     args = ap.parse_args()
     ds, models = args.dataset, args.models.split(",")
-    cfg = lrc.load_run_config(REPO / lrc.DATASETS[ds]["config"])
+    base_lr, base_sp = lrc.base_rates(ds)
     data = args.lrc_out / ds
     args.out.mkdir(parents=True, exist_ok=True)
     dense, base_sparse = {}, {}
     for m in models:  # the coupled winner: its dense rate stays; its runs are reused as that sparse point
         scale = lrc.best_scale(args.lrc_out, ds, m, 0, [0.3, 1.0, 3.0], "ne")
-        dense[m] = cfg.train.lr * scale
-        base_sparse[m] = cfg.train.sparse_lr * scale
+        dense[m] = base_lr * scale
+        base_sparse[m] = base_sp * scale
         for s in range(5):
             src = lrc.result_path(args.lrc_out, ds, m, s, scale)
             dst = path(args.out, m, float(f"{base_sparse[m]:g}"), s)
@@ -86,7 +86,7 @@ def main() -> None:
     def best(m: str) -> float:
         return min(tried(m), key=lambda s: valid(m, s))
 
-    grid = [float(f"{cfg.train.sparse_lr * f:g}") for f in FACTORS]
+    grid = [float(f"{base_sp * f:g}") for f in FACTORS]
     with ThreadPoolExecutor(args.jobs) as pool:
         list(pool.map(run, [(m, s, 0) for m in models for s in grid]))
         for _ in range(2):  # past whichever edge the best sits on
