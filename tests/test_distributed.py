@@ -122,3 +122,23 @@ def test_aligned_dataset_shards_disjoint(tmp_path, data):
     for k, ids in enumerate(one):
         assert sorted(ids) == sorted(ranks[0][k] + ranks[1][k])
     assert json.dumps(one) != json.dumps(sorted(one))  # the unit order was shuffled
+
+
+def test_ranks_leave_the_group_together_after_success_only(monkeypatch):
+    """A group of several ranks meets at a barrier before it is destroyed when the work succeeded (a rank
+    that left first sometimes made a peer abort at exit, failing a finished torchrun job), and not when it
+    failed (the peers may be gone: the failing rank must exit at once)."""
+    import torch.distributed as dist
+
+    met: list[str] = []
+    real_size = dist.get_world_size
+    monkeypatch.setattr(dist, "barrier", lambda *a, **k: met.append("barrier"))
+    with distributed.process_group(torch.device("cpu")):
+        monkeypatch.setattr(dist, "get_world_size", lambda *a, **k: 2)  # as if a second rank were there
+    assert met == ["barrier"] and not dist.is_initialized()
+    monkeypatch.setattr(dist, "get_world_size", real_size)
+    met.clear()
+    with pytest.raises(RuntimeError, match="boom"), distributed.process_group(torch.device("cpu")):
+        monkeypatch.setattr(dist, "get_world_size", lambda *a, **k: 2)
+        raise RuntimeError("boom")
+    assert met == [] and not dist.is_initialized()

@@ -66,6 +66,11 @@ def process_group(device: torch.device, timeout_s: float = 600.0) -> Iterator[di
                                 timeout=timeout)
     try:
         yield dist.group.WORLD
+        if dist.get_world_size() > 1:
+            # every rank leaves together: a rank that tore its gloo pairs down while a peer was still
+            # finishing sometimes made that peer abort at exit (SIGABRT, "terminate called without an
+            # active exception") after a run that had succeeded, and torchrun then failed the job
+            dist.barrier()
     except BaseException as e:
         if dist.get_world_size() > 1:
             log.error("rank %d failed: %s: %s", dist.get_rank(), type(e).__name__, e)
