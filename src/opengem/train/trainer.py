@@ -122,7 +122,7 @@ class Trainer:
         try:
             self._build(data_dir, resume, force, allow_config_change, schema, plain, lr_scale)
         except BaseException:
-            self._stack.close()
+            self._stack.__exit__(*sys.exc_info())  # the contexts see the error (the process group logs it)
             raise
 
     # ----------------------------------------------------------------------- construction
@@ -579,8 +579,10 @@ class Trainer:
     def __enter__(self) -> Trainer:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, *exc: Any) -> None:
+        # the error, if any, goes to every context on the stack (close() would tell them all went well):
+        # the process group then logs it with the rank and does not wait for the other ranks
+        self._stack.__exit__(*exc)
 
 
 def _own_run(stack: contextlib.ExitStack, cfg: RunConfig, run_dir: Path, data_dir: str | Path | None, *,
