@@ -71,7 +71,7 @@ def process_group(device: torch.device, timeout_s: float = 600.0) -> Iterator[di
             # every rank leaves together. A rank of a finished 2-rank CPU job sometimes aborts at exit
             # (SIGABRT, "terminate called without an active exception", in C++ teardown after this
             # context), and torchrun then fails the job; ranks leaving at different times made it more
-            # frequent (session 36: 7 of 40 runs without this barrier, 2 of 68 with it; not eliminated).
+            # frequent (session 36: 7 of 66 runs without this barrier, 2 of 68 with it; not eliminated).
             # Only after success: an owner that closes this context from its own error handler (an
             # ExitStack closed in ``except``) must not wait here for peers that may be gone
             dist.barrier()
