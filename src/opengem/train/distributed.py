@@ -16,6 +16,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -68,13 +69,17 @@ def process_group(device: torch.device, timeout_s: float = 600.0) -> Iterator[di
     try:
         yield dist.group.WORLD
         if dist.get_world_size() > 1 and sys.exc_info()[0] is None:
-            # every rank leaves together. A rank of a finished 2-rank CPU job sometimes aborts at exit
-            # (SIGABRT, "terminate called without an active exception", in C++ teardown after this
-            # context), and torchrun then fails the job; ranks leaving at different times made it more
-            # frequent (session 36: 7 of 66 runs without this barrier, 2 of 68 with it; not eliminated).
+            # Every rank leaves together, and gloo's worker threads get the GIL once more before the
+            # interpreter can finalize. A rank of a finished 2-rank CPU job sometimes aborted at exit
+            # (SIGABRT, "terminate called without an active exception"; 7 of 66 runs, session 36): a core
+            # dump shows gloo's worker thread destroying a finished barrier work, which releases an earlier
+            # all-gather's tensors, which decrefs their Python objects and so takes the GIL while the main
+            # thread finalizes Python; the thread is then exited from inside a C++ destructor. The barrier
+            # drains the queue; the short sleep lets the worker finish those releases while it can.
             # Only after success: an owner that closes this context from its own error handler (an
             # ExitStack closed in ``except``) must not wait here for peers that may be gone
             dist.barrier()
+            time.sleep(0.1)
     except BaseException as e:
         if dist.get_world_size() > 1:
             log.error("rank %d failed: %s: %s", dist.get_rank(), type(e).__name__, e)
