@@ -1,8 +1,10 @@
 import argparse
 import contextlib
+import importlib.util
 import io
 import json
 import math
+import types
 from pathlib import Path
 
 import pytest
@@ -127,6 +129,14 @@ def test_peak_memory_sees_an_allocation():
 REPO = Path(__file__).resolve().parents[1]
 
 
+def bench_script(name: str) -> types.ModuleType:
+    """``benchmarks/<name>.py``, loaded from its path (the benchmarks are scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def test_gpu_check_without_a_gpu_says_so_in_one_line():
     import subprocess
     import sys
@@ -157,12 +167,7 @@ def test_gpu_check_bench_overrides_are_real_config_keys():
 
 
 def test_gpu_check_table_from_the_parts_json(tmp_path):
-    import importlib.util
-
-    path = REPO / "benchmarks" / "gpu_check_table.py"
-    spec = importlib.util.spec_from_file_location("gpu_check_table", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = bench_script("gpu_check_table")
     run = {"precision": "bf16", "examples_per_s": 123456.0, "mfu": 0.31, "mfu_full": 0.45,
            "peak_flops": 7.9e14, "peak_mem_mb": 20480.0, "batch_size": 4096, "windows": 3, "steps": 10}
     (tmp_path / "bench-cold.json").write_text(json.dumps(
@@ -230,12 +235,7 @@ def test_bench_goes_on_past_a_crashed_model(monkeypatch, capsys):
 
 
 def test_gpu_check_table_shows_gem_eager_when_gem_failed_compiled(tmp_path):
-    import importlib.util
-
-    path = REPO / "benchmarks" / "gpu_check_table.py"
-    spec = importlib.util.spec_from_file_location("gpu_check_table", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = bench_script("gpu_check_table")
     run = {"precision": "bf16", "examples_per_s": 5000.0, "mfu": 0.2, "mfu_full": 0.3, "peak_flops": 7.9e14,
            "peak_mem_mb": 40960.0, "batch_size": 4096, "windows": 3, "steps": 10,
            "time_to_first_step_s": 12.0}
@@ -253,11 +253,7 @@ def test_gpu_check_table_shows_gem_eager_when_gem_failed_compiled(tmp_path):
 def test_lr_compare_extends_the_grid_past_an_edge_best(tmp_path):
     """``lr_compare.py --extend``: a best scale on the grid's edge asks for one step past it (1-3-10 grid);
     once bracketed, nothing more; the extension's result file counts as a tried scale."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("lr_compare", REPO / "benchmarks" / "lr_compare.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = bench_script("lr_compare")
 
     def write(scale: float, ne: float) -> None:
         h = {"epoch": 1, "valid": {"metrics": {"all/like": {"ne": ne, "auc": 0.7}}}}
@@ -281,11 +277,7 @@ def test_lr_compare_scales_its_own_base_rates_not_the_recipes(tmp_path):
     """The committed real-data tables ran at x scales of the recipes' rates of sessions 4-35; the recipes now
     carry their model's tuned rates, so the grid's base lives in ``lr_compare.DATASETS`` and a recipe's rate
     change must not change the runs a committed command line asks for."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("lr_compare", REPO / "benchmarks" / "lr_compare.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = bench_script("lr_compare")
     assert mod.base_rates("frappe_x1") == (1e-3, 0.05)
     assert mod.base_rates("kuairand_pure") == (3e-3, 0.05)
     assert mod.base_rates("movielens_100k") == (1e-3, 0.05)

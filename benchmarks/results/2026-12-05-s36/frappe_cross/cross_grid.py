@@ -24,16 +24,10 @@ REPO = Path(__file__).resolve().parents[4]
 S35 = REPO / "benchmarks" / "results" / "2026-12-05-s35"
 
 
-def _load(name: str, path: Path):  # noqa: ANN202
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-lrc = _load("lr_compare", REPO / "benchmarks" / "lr_compare.py")
-grid2d = _load("grid2d", S35 / "realdata_frappe" / "grid2d.py")
-sparse_axis = _load("sparse_axis", S35 / "sparse_axis" / "sparse_axis.py")
+spec = importlib.util.spec_from_file_location("grid2d", S35 / "realdata_frappe" / "grid2d.py")
+grid2d = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(grid2d)
+lrc, sparse_axis = grid2d.lrc, grid2d.sparse_axis  # the modules grid2d.py itself loaded
 
 ARM = "gemx"  # file prefix of this arm
 CROSS = ["model.gem.cross_layers=2", "model.gem.cross_rank=16"]
