@@ -40,6 +40,25 @@ def test_recorded_products_rebuild_the_rotating_terms(tmp_path):
     assert x.shape == (n, len(sim_reachable.STATIONARY) + 2 + K + len(sim_reachable.PER_ID_STATIONARY) + K)
 
 
+def test_recorded_conversion_terms_rebuild_the_true_conversion_probability(tmp_path):
+    """The conversion bound's columns are exactly the simulator's conversion-given-click inputs: with the
+    simulator's own weights they give back its conversion probability (so only the weights are fitted)."""
+    cfg = SimConfig(**TINY)
+    simulate(cfg, tmp_path / "d")
+    t = sim_reachable.regenerate(tmp_path / "d", {1})
+    world = World(cfg)
+    s, K, idw = t["surface"], cfg.latent_dim, cfg.id_weight
+    logit = (world.sp[s, 7] + t["c_objective"] + 0.8 * idw * t["cvr_id_prod"].sum(1) / math.sqrt(K)
+             + 0.6 * t["cvr_attr_prod"].sum(1) / math.sqrt(K) + 1.2 * t["c_recent"] + 0.6 * t["c_affinity"]
+             + 0.3 * idw * t["c_ad_bias"] + 0.3 * t["c_age"] + 0.3 * t["c_fmt_bias"])
+    np.testing.assert_allclose(t["p"] / (1 + np.exp(-logit)), t["p_conv"], rtol=1e-12)
+    assert not (t["conv"] > t["y"]).any()  # a conversion follows a click
+    n, terms = len(s), len(sim_reachable.CVR_TERMS)
+    assert sim_reachable.cvr_features(t, np.arange(n), per_id=False).shape == (n, terms + K)
+    assert sim_reachable.cvr_features(t, np.arange(n), per_id=True).shape == (
+        n, terms + K + len(sim_reachable.CVR_PER_ID) + K)
+
+
 def test_report_prints_the_bound_and_the_shares(tmp_path):
     simulate(SimConfig(**TINY), tmp_path / "d")
     out = io.StringIO()
@@ -50,3 +69,14 @@ def test_report_prints_the_bound_and_the_shares(tmp_path):
     assert "the bound" in text and "gap closed" in text and "gem (given)" in text
     oracle = next(ln for ln in text.splitlines() if "oracle (true" in ln)
     assert oracle.rstrip().endswith("100.0%")
+
+
+def test_conversion_report_scores_observed_labels(tmp_path):
+    simulate(SimConfig(**TINY), tmp_path / "d")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert sim_reachable.main([str(tmp_path / "d"), "--train-days", "0-1", "--rows", "800", "--task",
+                                   "conversion", "--score", "whole", "--ref", "dlrm=0.99"]) == 0
+    text = out.getvalue()
+    assert "conversion NE on all of day 2" in text and "with an observed label" in text
+    assert "the bound" in text
