@@ -307,3 +307,67 @@ def test_shuffle_window_state_from_other_mixing_is_refused(schema, files):
     with pytest.raises(ValueError, match="mix rows differently"):
         merge_states([run(files, schema, 8, [1], rank=r, world_size=2, shuffle_window=2 + r)[1]
                       for r in range(2)])
+
+
+# ------------------------------------------------------------- a window per partition (shuffle_window -1)
+DAY_SIZES = ((100, 61), (45, 80))  # rows per file in day=000 and day=001; row groups of 37
+
+
+@pytest.fixture(scope="module")
+def day_files(schema, tmp_path_factory) -> list[Path]:
+    root = tmp_path_factory.mktemp("days")
+    schema.save(root / "schema.toml")
+    out, first = [], 0
+    for day, sizes in enumerate(DAY_SIZES):
+        for i, n in enumerate(sizes):
+            path = root / f"day={day:03d}" / f"part-{i:05d}.parquet"
+            path.parent.mkdir(exist_ok=True)
+            with CanonicalWriter(schema, path, row_group_size=37) as w:
+                w.write(random_columns(schema, n, seed=10 * day + i, first_id=first))
+            out.append(path)
+            first += n
+    mark_complete(root)
+    return out
+
+
+DAY_FIRSTS = list(itertools.accumulate([n for day in DAY_SIZES for n in day], initial=0))[:-1]
+
+
+def day_unit(i: int) -> tuple[int, int]:
+    """(file, row group) of example id ``i`` in ``day_files``."""
+    f = max(j for j, first in enumerate(DAY_FIRSTS) if first <= i)
+    return f, (i - DAY_FIRSTS[f]) // 37
+
+
+def test_partition_window_reads_days_in_order_each_mixed_whole(schema, day_files):
+    loader = ParquetLoader(day_files, schema, 16, read_rows=10, shuffle_window=-1)
+    batches = list(loader)
+    order = ids(batches)
+    day0 = sum(DAY_SIZES[0])
+    assert sorted(order) == list(range(day0 + sum(DAY_SIZES[1])))
+    assert sorted(order[:day0]) == list(range(day0))  # every row of day 0 before any of day 1
+    for part in (order[:day0], order[day0:]):
+        units = {day_unit(i) for i in part}
+        assert {f for f, _ in units} == ({0, 1} if part[0] < day0 else {2, 3})
+        for u in units:  # each unit's rows in file order, the day's units interleaved
+            rows = [i for i in part if day_unit(i) == u]
+            assert rows == sorted(rows)
+        assert len({day_unit(i) for i in part[:16]}) > 2
+    assert loader.state_dict()["shuffle"]["window"] == -1
+
+
+@pytest.mark.parametrize("workers, stops", [(0, [2, 7, None]), (2, [4, None])])
+def test_partition_window_resume_replays_the_uninterrupted_stream(schema, day_files, workers, stops):
+    kw = dict(num_workers=workers, read_rows=10, seed=2, shuffle_window=-1)
+    full = content(ParquetLoader(day_files, schema, 16, **kw))
+    resumed, state = run(day_files, schema, 16, stops, **kw)
+    assert content(resumed) == full
+    assert state["epoch"] == 1 and state["offsets"] == {}
+    _, mid = run(day_files, schema, 16, [3], **kw)
+    with pytest.raises(ValueError):  # a state of partition windows is not one of 31-unit windows
+        run(day_files, schema, 16, [None], state=mid, **{**kw, "shuffle_window": 31})
+
+
+def test_shuffle_window_below_minus_one_is_refused(schema, day_files):
+    with pytest.raises(ValueError, match="a window per partition"):
+        ParquetLoader(day_files, schema, 16, shuffle_window=-2)

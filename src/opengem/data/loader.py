@@ -41,10 +41,16 @@ The windows depend on the number of streams (world size x workers): when a state
 of streams (e.g. two ranks merged and resumed by one), a window whose offsets are not a prefix of its
 sequence reads its units' remaining rows unit after unit instead (exactly once, unmixed, for that epoch's
 few such windows); ``state_dict()`` records this so that later resumes accept it too.
+
+``shuffle_window = -1`` (``PARTITION_WINDOW``) makes each run of consecutive units from one partition folder
+(``day=NNN``) a window: with ``shuffle_units`` off, the days come in order and each day's rows are interleaved
+across the whole day, as a model retrained on each new day's log reads them. Memory: one label per row of the
+window and a piece of each of its units.
 """
 
 from __future__ import annotations
 
+import itertools
 import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -209,7 +215,17 @@ def merge_states(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+PARTITION_WINDOW = -1  # shuffle_window: one window per run of consecutive units of one partition folder
+
+
+def mixes(window: int) -> bool:
+    """Whether ``shuffle_window`` interleaves rows: W >= 2 units, or a partition (``PARTITION_WINDOW``)."""
+    return window >= 2 or window == PARTITION_WINDOW
+
+
 def _windows(units: list[Unit], window: int) -> list[list[Unit]]:
+    if window == PARTITION_WINDOW:
+        return [list(g) for _, g in itertools.groupby(units, key=lambda u: Path(u.info.path).parent)]
     return [units[i:i + window] for i in range(0, len(units), window)]
 
 
@@ -389,7 +405,7 @@ class _Stream(tud.IterableDataset):
             return out
 
         try:
-            mixed = self.window >= 2
+            mixed = mixes(self.window)
             for parts, upd in self._mixed(units, cut, log) if mixed else self._plain(units, cut, log):
                 yield emit(parts, upd)
             if cut.n and not self.drop_last:
@@ -495,8 +511,8 @@ class ParquetLoader:
     turns every ``error`` policy into skip-and-count. ``problems`` accumulates the counts of everything
     skipped or repaired; ``report()`` formats them. Iterating again after a complete pass starts
     the next epoch (with ``shuffle_units`` a new unit order). ``shuffle_window`` >= 2 interleaves the rows
-    of consecutive windows of that many units per stream (see the module docstring); 0 or 1 reads unit
-    after unit.
+    of consecutive windows of that many units per stream (see the module docstring), ``PARTITION_WINDOW``
+    (-1) those of each run of consecutive units from one partition folder; 0 or 1 reads unit after unit.
     """
 
     def __init__(self, files: Sequence[str | Path] | str | Path, schema: FeatureSchema, batch_size: int, *,
@@ -505,8 +521,9 @@ class ParquetLoader:
                  keep_problems: int = 100, read_rows: int = 8192, shuffle_window: int = 0) -> None:
         if batch_size <= 0:
             raise ValueError(f"batch_size must be > 0, got {batch_size}")
-        if shuffle_window < 0:
-            raise ValueError(f"shuffle_window must be >= 0, got {shuffle_window}")
+        if shuffle_window < PARTITION_WINDOW:
+            raise ValueError(f"shuffle_window must be >= 0, or {PARTITION_WINDOW} (a window per partition), "
+                             f"got {shuffle_window}")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
         if num_workers < 0:
@@ -587,7 +604,7 @@ class ParquetLoader:
 
     def state_dict(self) -> dict[str, Any]:
         state = {"version": STATE_VERSION, "epoch": self.epoch, "offsets": dict(self._offsets)}
-        if self.shuffle_window >= 2:
+        if mixes(self.shuffle_window):
             state["shuffle"] = {"window": self.shuffle_window, "seed": self.seed, "streams": self._streams}
         return state
 
@@ -599,7 +616,7 @@ class ParquetLoader:
         self._offsets = {str(k): int(v) for k, v in state["offsets"].items()}
         mixing = state.get("shuffle") or {}
         window = int(mixing.get("window", 0))
-        self._saved_mixing = (window if window >= 2 else 0, mixing.get("seed"))
+        self._saved_mixing = (window if mixes(window) else 0, mixing.get("seed"))
         self._streams = self.num_streams
         same = self._saved_mixing == (self.shuffle_window, self.seed)
         if same and mixing.get("streams") != self.num_streams:
@@ -612,7 +629,7 @@ class ParquetLoader:
         comes from another number of streams or another deal (then such a window is read unit after unit,
         exactly once).
         """
-        if foreign and self.shuffle_window >= 2 and self._saved_mixing == (self.shuffle_window, self.seed):
+        if foreign and mixes(self.shuffle_window) and self._saved_mixing == (self.shuffle_window, self.seed):
             self._streams = None  # units cut by another deal: this epoch's windows are not the saved ones
         if self.shuffle_window < 2 or not starts:
             return False

@@ -43,7 +43,8 @@ class DataConfig:
     shuffle: bool = True  # shuffle row groups (units) each epoch
     # Training only: >= 2 interleaves the rows of this many row groups per loader stream. A row group is
     # a contiguous slice of time: read one after another, they make consecutive batches time-correlated;
-    # 0 (or 1) = one row group after another. Resuming needs the same value (data.loader).
+    # 0 (or 1) = one row group after another; -1 = a window per partition (a day of day=NNN folders: with
+    # data.shuffle = false, days in order, each mixed whole). Resuming needs the same value (data.loader).
     shuffle_window: int = 0
 
 
@@ -172,7 +173,8 @@ class RunConfig:
         need(d.batch_size > 0, "data.batch_size", "must be > 0", d.batch_size)
         need(d.eval_batch_size >= 0, "data.eval_batch_size", "must be >= 0", d.eval_batch_size)
         need(d.num_workers >= 0, "data.num_workers", "must be >= 0", d.num_workers)
-        need(d.shuffle_window >= 0, "data.shuffle_window", "must be >= 0", d.shuffle_window)
+        need(d.shuffle_window >= -1, "data.shuffle_window", "must be >= 0, or -1 (a window per partition)",
+             d.shuffle_window)
         need(d.on_error in ("", "error", "skip"), "data.on_error", 'must be "", "error" or "skip"',
              d.on_error)
         for k in ("train", "eval"):
