@@ -22,20 +22,26 @@ def schema() -> FeatureSchema:
     return FeatureSchema.load(TINY)
 
 
-@pytest.fixture(scope="module")
-def files(schema, tmp_path_factory) -> list[Path]:
-    root = tmp_path_factory.mktemp("ds")
+def write_dataset(schema: FeatureSchema, root: Path, partitions: dict[str, tuple[int, ...]]) -> list[Path]:
+    """Files of random rows (row groups of 37) per partition folder; example ids count up across files, the
+    k-th file drawn with seed k."""
     schema.save(root / "schema.toml")
     out, first = [], 0
-    for i, n in enumerate(SIZES):
-        path = root / "train" / f"part-{i:05d}.parquet"
-        path.parent.mkdir(exist_ok=True)
-        with CanonicalWriter(schema, path, row_group_size=37) as w:
-            w.write(random_columns(schema, n, seed=i, first_id=first))
-        out.append(path)
-        first += n
+    for part, sizes in partitions.items():
+        for i, n in enumerate(sizes):
+            path = root / part / f"part-{i:05d}.parquet"
+            path.parent.mkdir(exist_ok=True)
+            with CanonicalWriter(schema, path, row_group_size=37) as w:
+                w.write(random_columns(schema, n, seed=len(out), first_id=first))
+            out.append(path)
+            first += n
     mark_complete(root)  # a dataset written by hand: readers of the folder require its marker
     return out
+
+
+@pytest.fixture(scope="module")
+def files(schema, tmp_path_factory) -> list[Path]:
+    return write_dataset(schema, tmp_path_factory.mktemp("ds"), {"train": SIZES})
 
 
 def ids(batches) -> list[int]:
@@ -315,19 +321,8 @@ DAY_SIZES = ((100, 61), (45, 80))  # rows per file in day=000 and day=001; row g
 
 @pytest.fixture(scope="module")
 def day_files(schema, tmp_path_factory) -> list[Path]:
-    root = tmp_path_factory.mktemp("days")
-    schema.save(root / "schema.toml")
-    out, first = [], 0
-    for day, sizes in enumerate(DAY_SIZES):
-        for i, n in enumerate(sizes):
-            path = root / f"day={day:03d}" / f"part-{i:05d}.parquet"
-            path.parent.mkdir(exist_ok=True)
-            with CanonicalWriter(schema, path, row_group_size=37) as w:
-                w.write(random_columns(schema, n, seed=10 * day + i, first_id=first))
-            out.append(path)
-            first += n
-    mark_complete(root)
-    return out
+    return write_dataset(schema, tmp_path_factory.mktemp("days"),
+                         {f"day={d:03d}": sizes for d, sizes in enumerate(DAY_SIZES)})
 
 
 DAY_FIRSTS = list(itertools.accumulate([n for day in DAY_SIZES for n in day], initial=0))[:-1]
