@@ -366,3 +366,17 @@ def test_partition_window_resume_replays_the_uninterrupted_stream(schema, day_fi
 def test_shuffle_window_below_minus_one_is_refused(schema, day_files):
     with pytest.raises(ValueError, match="a window per partition"):
         ParquetLoader(day_files, schema, 16, shuffle_window=-2)
+
+
+def test_partition_window_refuses_a_partition_too_large_to_read_at_once(schema, day_files, monkeypatch):
+    """A window reads a piece of each of its units at once: a partition of more row groups than the cap
+    is refused, naming it, before any row is read (day=000 here has 3 + 2 row groups)."""
+    from opengem.data import loader as loader_module
+    from opengem.errors import DatasetError
+
+    monkeypatch.setattr(loader_module, "PARTITION_WINDOW_MAX_UNITS", 4)
+    with pytest.raises(DatasetError, match=r"day=000 has 5 row groups, more than 4"):
+        ParquetLoader(day_files, schema, 16, shuffle_window=-1)
+    ParquetLoader(day_files, schema, 16, shuffle_window=8)  # a positive window is not capped
+    monkeypatch.setattr(loader_module, "PARTITION_WINDOW_MAX_UNITS", 5)
+    assert len(ids(ParquetLoader(day_files, schema, 16, shuffle_window=-1))) == sum(map(sum, DAY_SIZES))

@@ -45,7 +45,8 @@ few such windows); ``state_dict()`` records this so that later resumes accept it
 ``shuffle_window = -1`` (``PARTITION_WINDOW``) makes each run of consecutive units from one partition folder
 (``day=NNN``) a window: with ``shuffle_units`` off, the days come in order and each day's rows are interleaved
 across the whole day, as a model retrained on each new day's log reads them. Memory: one label per row of the
-window and a piece of each of its units.
+window and a decoded piece of each of its units, so a partition of more than ``PARTITION_WINDOW_MAX_UNITS``
+row groups is refused when the loader is made (a DatasetError naming it).
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ from opengem.data.parquet import (
     to_batch,
 )
 from opengem.data.schema import FeatureSchema
+from opengem.errors import DatasetError
 
 STATE_VERSION = 2  # 2: offsets of units that start inside a row group (``file#rg@row``)
 STATE_VERSIONS = (1, 2)  # readable: 1 has whole row groups only, a special case of 2
@@ -216,6 +218,9 @@ def merge_states(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 PARTITION_WINDOW = -1  # shuffle_window: one window per run of consecutive units of one partition folder
+# A window holds a decoded piece of every unit at once, so a partition window is refused above this many units
+# (at the default read_rows, ~2M rows in memory): a partition that large wants a positive shuffle_window.
+PARTITION_WINDOW_MAX_UNITS = 256
 
 
 def mixes(window: int) -> bool:
@@ -554,6 +559,16 @@ class ParquetLoader:
                 if self.on_error != "skip":
                     raise
                 self.problems.add(e.file, e.column, e.what, "skip")
+        if shuffle_window == PARTITION_WINDOW:
+            per_part: dict[Path, int] = {}
+            for info in self._infos:
+                part = Path(info.path).parent
+                per_part[part] = per_part.get(part, 0) + sum(1 for n in info.row_groups if n)
+            part, n = max(per_part.items(), key=lambda kv: kv[1], default=(None, 0))
+            if n > PARTITION_WINDOW_MAX_UNITS:
+                raise DatasetError(f"shuffle_window = -1: partition {part} has {n} row groups, more than "
+                                 f"{PARTITION_WINDOW_MAX_UNITS} to read at once (a decoded piece of each); "
+                                 "use a positive shuffle_window")
 
     # ------------------------------------------------------------------ units and position
     def all_units(self) -> list[Unit]:
