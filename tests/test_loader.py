@@ -380,3 +380,23 @@ def test_partition_window_refuses_a_partition_too_large_to_read_at_once(schema, 
     ParquetLoader(day_files, schema, 16, shuffle_window=8)  # a positive window is not capped
     monkeypatch.setattr(loader_module, "PARTITION_WINDOW_MAX_UNITS", 5)
     assert len(ids(ParquetLoader(day_files, schema, 16, shuffle_window=-1))) == sum(map(sum, DAY_SIZES))
+
+
+@pytest.mark.parametrize("workers", [0, 3])
+def test_partition_window_two_ranks_merged_into_one(schema, day_files, workers):
+    """Two ranks' partition-window states merged and resumed by one loader (another number of streams):
+    every row exactly once; a state of 31-unit windows is refused by a partition-window loader."""
+    kw = dict(read_rows=10, shuffle_window=-1)
+    heads, states = [], []
+    for rank in range(2):
+        batches, state = run(day_files, schema, 8, [4], rank=rank, world_size=2, **kw)
+        heads += ids(batches)
+        states.append(state)
+    merged = merge_states(states)
+    assert merged["shuffle"]["window"] == -1
+    rest, end = run(day_files, schema, 8, [2, None], state=merged, num_workers=workers, **kw)
+    assert sorted(heads + ids(rest)) == list(range(sum(map(sum, DAY_SIZES))))
+    assert end["epoch"] == 1
+    _, other = run(day_files, schema, 8, [3], shuffle_window=31, read_rows=10)
+    with pytest.raises(ValueError, match="does not fit the row mixing"):
+        run(day_files, schema, 8, [None], state=other, **kw)

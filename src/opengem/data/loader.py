@@ -567,8 +567,8 @@ class ParquetLoader:
             part, n = max(per_part.items(), key=lambda kv: kv[1], default=(None, 0))
             if n > PARTITION_WINDOW_MAX_UNITS:
                 raise DatasetError(f"shuffle_window = -1: partition {part} has {n} row groups, more than "
-                                 f"{PARTITION_WINDOW_MAX_UNITS} to read at once (a decoded piece of each); "
-                                 "use a positive shuffle_window")
+                                   f"{PARTITION_WINDOW_MAX_UNITS} to read at once (a decoded piece of each); "
+                                   "use a positive shuffle_window")
 
     # ------------------------------------------------------------------ units and position
     def all_units(self) -> list[Unit]:
@@ -646,7 +646,7 @@ class ParquetLoader:
         """
         if foreign and mixes(self.shuffle_window) and self._saved_mixing == (self.shuffle_window, self.seed):
             self._streams = None  # units cut by another deal: this epoch's windows are not the saved ones
-        if self.shuffle_window < 2 or not starts:
+        if not mixes(self.shuffle_window) or not starts:
             return False
         lenient, unfit = self._streams is None, False
         for stream in streams:
