@@ -265,6 +265,16 @@ def test_shuffle_window_resume_with_bad_rows_skipped(schema, files, tmp_path):
         assert content(run(bad, schema, 7, stops, **kw)[0]) == full
 
 
+def two_ranks_merged(files, schema, batches: int, **kw) -> tuple[list[int], dict]:
+    """Two ranks each read ``batches`` batches of 8 rows: the ids they delivered and their merged state."""
+    heads, states = [], []
+    for rank in range(2):
+        out, state = run(files, schema, 8, [batches], rank=rank, world_size=2, **kw)
+        heads += ids(out)
+        states.append(state)
+    return heads, merge_states(states)
+
+
 @pytest.mark.parametrize("workers", [0, 2, 3])
 def test_shuffle_window_two_ranks_merged_into_one(schema, files, workers):
     """Windows depend on the number of streams (ranks x workers): with another number, a window the
@@ -272,12 +282,7 @@ def test_shuffle_window_two_ranks_merged_into_one(schema, files, workers):
     workers = 2 ranks x 1) the resume is exact. Every row is delivered exactly once, over further
     interruptions too."""
     kw = dict(read_rows=10, shuffle_window=2)
-    heads, states = [], []
-    for rank in range(2):
-        batches, state = run(files, schema, 8, [3], rank=rank, world_size=2, **kw)
-        heads += ids(batches)
-        states.append(state)
-    merged = merge_states(states)
+    heads, merged = two_ranks_merged(files, schema, 3, **kw)
     assert merged["shuffle"] == {"window": 2, "seed": 0, "streams": 2}
     tails = [ids(run(files, schema, 8, [None], state=merged, rank=r, world_size=2, **kw)[0])
              for r in range(2)]
@@ -387,12 +392,7 @@ def test_partition_window_two_ranks_merged_into_one(schema, day_files, workers):
     """Two ranks' partition-window states merged and resumed by one loader (another number of streams):
     every row exactly once; a state of 31-unit windows is refused by a partition-window loader."""
     kw = dict(read_rows=10, shuffle_window=-1)
-    heads, states = [], []
-    for rank in range(2):
-        batches, state = run(day_files, schema, 8, [4], rank=rank, world_size=2, **kw)
-        heads += ids(batches)
-        states.append(state)
-    merged = merge_states(states)
+    heads, merged = two_ranks_merged(day_files, schema, 4, **kw)
     assert merged["shuffle"]["window"] == -1
     rest, end = run(day_files, schema, 8, [2, None], state=merged, num_workers=workers, **kw)
     assert sorted(heads + ids(rest)) == list(range(sum(map(sum, DAY_SIZES))))
