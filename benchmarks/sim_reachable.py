@@ -30,6 +30,7 @@ prints the share of the DLRM -> oracle gap it closes beside the share the bound 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from pathlib import Path
@@ -155,14 +156,23 @@ def main(argv: list[str] | None = None) -> int:
     n_surf = int(s.max()) + 1
     label = t["conv"] if conversion else y
 
-    def score(tr: np.ndarray, **kw: bool) -> float:
+    fits = {"first": first, "train": fit_rows}
+
+    @functools.cache
+    def p_cvr(which: str, per_id: bool) -> np.ndarray:
+        """P(conversion | click) on the scored rows, fitted on the clicked rows of ``fits[which]`` with an
+        observed label: one fit per training rows and feature set, shared by every click predictor on them."""
+        tr = fits[which]
+        clicked = tr[(y[tr] == 1) & t["conv_observed"][tr]]
+        return fit_logistic(cvr_features(t, clicked, per_id=per_id), s[clicked], t["conv"][clicked],
+                            cvr_features(t, second, per_id=per_id), s[second], n_surf)
+
+    def score(which: str, **kw: bool) -> float:
+        tr = fits[which]
         x_tr, x_te = features(t, tr, **kw), features(t, second, **kw)
         p = fit_logistic(x_tr, s[tr], y[tr], x_te, s[second], n_surf)
-        if conversion:  # times P(conversion | click), fitted on the clicked rows with an observed label
-            clicked = tr[(y[tr] == 1) & t["conv_observed"][tr]]
-            per_id = kw["per_id"]
-            p = p * fit_logistic(cvr_features(t, clicked, per_id=per_id), s[clicked], t["conv"][clicked],
-                                 cvr_features(t, second, per_id=per_id), s[second], n_surf)
+        if conversion:
+            p = p * p_cvr(which, kw["per_id"])
         return ne(p, label[second])
 
     oracle = ne((t["p_conv"] if conversion else t["p"])[second], label[second])
@@ -171,12 +181,12 @@ def main(argv: list[str] | None = None) -> int:
         tag = "with per-id terms" if per_id else "no per-id terms"
         if args.score != "whole":
             rows.append((f"true terms of the test day, fitted on its first half ({tag})",
-                         score(first, per_id=per_id, rotating=True)))
+                         score("first", per_id=per_id, rotating=True)))
         rows += [
             (f"true terms of each row's day, fitted on days {args.train_days} ({tag})",
-             score(fit_rows, per_id=per_id, rotating=True)),
+             score("train", per_id=per_id, rotating=True)),
             (f"stationary features, fitted on days {args.train_days} ({tag}): the bound",
-             score(fit_rows, per_id=per_id, rotating=False)),
+             score("train", per_id=per_id, rotating=False)),
         ]
     refs = {k: float(v) for k, v in (r.split("=", 1) for r in args.ref)}
     rows += [(f"{k} (given)", v) for k, v in refs.items()]
