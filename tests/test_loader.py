@@ -141,10 +141,10 @@ def test_resume_inside_a_row_group_read_in_pieces(schema, files, workers):
 FIRSTS = [sum(SIZES[:i]) for i in range(len(SIZES))]
 
 
-def unit_of(i: int) -> tuple[int, int]:
-    """(file, row group) of example id ``i`` (row groups of 37)."""
-    f = max(j for j, first in enumerate(FIRSTS) if first <= i)
-    return f, (i - FIRSTS[f]) // 37
+def unit_of(i: int, firsts: list[int] = FIRSTS) -> tuple[int, int]:
+    """(file, row group) of example id ``i`` (row groups of 37; ``firsts``: each file's first id)."""
+    f = max(j for j, first in enumerate(firsts) if first <= i)
+    return f, (i - firsts[f]) // 37
 
 
 def content(batches) -> list[tuple]:
@@ -333,12 +333,6 @@ def day_files(schema, tmp_path_factory) -> list[Path]:
 DAY_FIRSTS = list(itertools.accumulate([n for day in DAY_SIZES for n in day], initial=0))[:-1]
 
 
-def day_unit(i: int) -> tuple[int, int]:
-    """(file, row group) of example id ``i`` in ``day_files``."""
-    f = max(j for j, first in enumerate(DAY_FIRSTS) if first <= i)
-    return f, (i - DAY_FIRSTS[f]) // 37
-
-
 def test_partition_window_reads_days_in_order_each_mixed_whole(schema, day_files):
     loader = ParquetLoader(day_files, schema, 16, read_rows=10, shuffle_window=-1)
     batches = list(loader)
@@ -347,12 +341,12 @@ def test_partition_window_reads_days_in_order_each_mixed_whole(schema, day_files
     assert sorted(order) == list(range(day0 + sum(DAY_SIZES[1])))
     assert sorted(order[:day0]) == list(range(day0))  # every row of day 0 before any of day 1
     for part in (order[:day0], order[day0:]):
-        units = {day_unit(i) for i in part}
+        units = {unit_of(i, DAY_FIRSTS) for i in part}
         assert {f for f, _ in units} == ({0, 1} if part[0] < day0 else {2, 3})
         for u in units:  # each unit's rows in file order, the day's units interleaved
-            rows = [i for i in part if day_unit(i) == u]
+            rows = [i for i in part if unit_of(i, DAY_FIRSTS) == u]
             assert rows == sorted(rows)
-        assert len({day_unit(i) for i in part[:16]}) > 2
+        assert len({unit_of(i, DAY_FIRSTS) for i in part[:16]}) > 2
     assert loader.state_dict()["shuffle"]["window"] == -1
 
 

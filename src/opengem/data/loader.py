@@ -51,6 +51,7 @@ row groups is refused when the loader is made (a DatasetError naming it).
 
 from __future__ import annotations
 
+import collections
 import itertools
 import zlib
 from collections.abc import Iterator, Sequence
@@ -228,9 +229,13 @@ def mixes(window: int) -> bool:
     return window >= 2 or window == PARTITION_WINDOW
 
 
+def _partition(u: Unit) -> Path:
+    return Path(u.info.path).parent
+
+
 def _windows(units: list[Unit], window: int) -> list[list[Unit]]:
     if window == PARTITION_WINDOW:
-        return [list(g) for _, g in itertools.groupby(units, key=lambda u: Path(u.info.path).parent)]
+        return [list(g) for _, g in itertools.groupby(units, key=_partition)]
     return [units[i:i + window] for i in range(0, len(units), window)]
 
 
@@ -560,11 +565,8 @@ class ParquetLoader:
                     raise
                 self.problems.add(e.file, e.column, e.what, "skip")
         if shuffle_window == PARTITION_WINDOW:
-            per_part: dict[Path, int] = {}
-            for info in self._infos:
-                part = Path(info.path).parent
-                per_part[part] = per_part.get(part, 0) + sum(1 for n in info.row_groups if n)
-            part, n = max(per_part.items(), key=lambda kv: kv[1], default=(None, 0))
+            largest = collections.Counter(map(_partition, self.all_units())).most_common(1)
+            part, n = largest[0] if largest else (None, 0)
             if n > PARTITION_WINDOW_MAX_UNITS:
                 raise DatasetError(f"shuffle_window = -1: partition {part} has {n} row groups, more than "
                                    f"{PARTITION_WINDOW_MAX_UNITS} to read at once (a decoded piece of each); "
