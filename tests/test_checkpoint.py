@@ -24,6 +24,7 @@ from dist_helpers import (
     run_train,
     train_cmd,
 )
+from opengem.errors import TrainError
 from opengem.train import checkpoint as ckpt
 from opengem.train.config import load_run_config
 from opengem.train.data import prepare_data
@@ -51,6 +52,25 @@ def test_resume_in_process_is_exact(tmp_path, data):
     assert res["last_loss"] == full["last_loss"] and res["first_loss"] == full["first_loss"]
     assert losses(tmp_path / "part")[12] == losses(tmp_path / "full")[12]
     assert_same_params(tmp_path / "full", tmp_path / "part")
+
+
+def test_skip_batches_drops_the_first_batches_of_a_fresh_run_only(tmp_path, data):
+    """data.skip_batches = 3 with 6 steps ends where 9 steps without it end; resumed to 8 steps it does not
+    skip again (it ends where 11 do); more batches than an epoch holds is one TrainError line."""
+    def offsets(run: str) -> dict:
+        return ckpt.read_meta(ckpt.latest_checkpoint(tmp_path / run))["loader"]["offsets"]
+
+    order = ["data.shuffle=false", "train.checkpoint_every=0"]
+    for run, steps, skip in (("skip", 6, 3), ("nine", 9, 0), ("eleven", 11, 0)):
+        train(load_run_config(TINY, FAST + order + [f"train.steps={steps}", f"data.skip_batches={skip}"]),
+              tmp_path / run, data)
+    assert offsets("skip") == offsets("nine") != offsets("eleven")
+    train(load_run_config(TINY, FAST + order + ["train.steps=8", "data.skip_batches=3"]), tmp_path / "skip",
+          data, resume=True)
+    assert offsets("skip") == offsets("eleven")
+    with pytest.raises(TrainError, match=r"skip_batches = 100000, but partitions .* only \d+ full batches"):
+        train(load_run_config(TINY, FAST + ["train.steps=2", "data.skip_batches=100000"]), tmp_path / "x",
+              data)
 
 
 def test_retention_and_incomplete_ignored(tmp_path, data):

@@ -362,6 +362,25 @@ def test_partition_window_resume_replays_the_uninterrupted_stream(schema, day_fi
         run(day_files, schema, 16, [None], state=mid, **{**kw, "shuffle_window": 31})
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("window, shuffle", [(0, False), (3, True), (-1, False)])
+def test_skip_drops_the_first_batches_and_the_rest_is_the_uninterrupted_stream(schema, day_files, workers,
+                                                                                window, shuffle):
+    kw = dict(num_workers=workers, read_rows=10, seed=1, shuffle_window=window, shuffle_units=shuffle,
+              drop_last=True)
+    full = content(ParquetLoader(day_files, schema, 16, **kw))
+    loader = ParquetLoader(day_files, schema, 16, **kw)
+    assert loader.skip(4) == 4
+    assert loader.epoch == 0 and loader.state_dict()["offsets"]  # the position after the dropped batches
+    assert content(loader) == full[4:]
+    assert loader.epoch == 1
+    odd = ParquetLoader(day_files, schema, 16, **kw)
+    odd.skip(5)  # with workers the rest starts again at worker 0 (as a resume does): the same batches
+    assert sorted(content(odd)) == sorted(full[5:])
+    short = ParquetLoader(day_files, schema, 16, **kw)
+    assert short.skip(len(full) + 3) == len(full) and short.epoch == 1  # the epoch ended first
+
+
 def test_shuffle_window_below_minus_one_is_refused(schema, day_files):
     with pytest.raises(ValueError, match="a window per partition"):
         ParquetLoader(day_files, schema, 16, shuffle_window=-2)

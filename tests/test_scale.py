@@ -702,5 +702,24 @@ def test_isoflop_train_window_latest_reads_the_newest_days(tmp_path):
     assert st.run_config(fam, 0, first_day // batch + 1, None, 0).data.train == ",".join(train[-2:])
     assert st.run_config(fam, 0, st.train_rows // batch, None, 0).data.train == st.train_spec
     assert studies["all"].run_config(fam, 0, 1, None, 0).data.train == studies["all"].train_spec
+    assert st.run_config(fam, 0, 1, None, 0).data.skip_batches == 0
     with pytest.raises(ConfigError, match="train_window"):
         load_isoflop_config(ISO_SMALL, ["train_window=newest"])
+
+
+def test_isoflop_train_window_latest_rows_ends_on_the_newest_rows(tmp_path):
+    """train_window = latest_rows: latest's days, read in time order, the first batches dropped so that the
+    run's last step reads the newest rows (all of them when it needs more rows than the days hold)."""
+    from opengem.bench.isoflop import load_isoflop_config, prepare_study
+
+    cfg = load_isoflop_config(ISO_SMALL, ["train_window=latest_rows"])
+    st = prepare_study(cfg, tmp_path, None, ["data.sim.rows=8000"], lambda m: None, plan_only=True)
+    fam, train = st.cfg.families[0], st.train_spec.split(",")
+    batch = st.run_config(fam, 0, 1, None, 0).data.batch_size
+    day = st.day_rows[-1][1]
+    for steps, days in ((1, train[-1:]), (day // batch, train[-1:]), (day // batch + 1, train[-2:])):
+        rc = st.run_config(fam, 0, steps, None, 0)
+        held = sum(n for d, n in st.day_rows if d in days)
+        assert rc.data.train == ",".join(days) and not rc.data.shuffle
+        assert rc.data.skip_batches == held // batch - steps  # skipped + trained = the days' full batches
+    assert st.run_config(fam, 0, st.train_rows // batch + 5, None, 0).data.skip_batches == 0

@@ -96,8 +96,9 @@ class AblationConfig:
     # (IsoflopConfig.calibrate), and test (metrics and the paired predictions) scored through it; the rates
     # are still chosen on the model's own validation NE
     calibrate: str = "none"
-    # all | latest: which training days a run reads, as the iso-FLOP study's (IsoflopConfig.train_window):
-    # latest = the newest whole days that hold its rows (a proxy's fewer rows: fewer, still the newest, days)
+    # all | latest | latest_rows: which training rows a run reads, as the iso-FLOP study's
+    # (IsoflopConfig.train_window): latest = the newest whole days that hold its rows (a proxy's fewer rows:
+    # fewer, still the newest, days); latest_rows = those days in time order, ending on the newest rows
     train_window: str = "all"
     min_steps: int = 5  # refuse a plan in which a full-budget run gets fewer optimizer steps than this
     max_epochs: float = 1.0  # refuse a plan in which a run reads the training days more often
@@ -149,7 +150,7 @@ def validate_ablation(cfg: AblationConfig, where: str = "ablation") -> None:
     need(cfg.calibrate in CALIBRATE_CHOICES,
          f"calibrate must be none, platt or offset (got {cfg.calibrate!r})")
     need(cfg.train_window in TRAIN_WINDOWS,
-         f"train_window must be all or latest (got {cfg.train_window!r})")
+         f"train_window must be one of {', '.join(TRAIN_WINDOWS)} (got {cfg.train_window!r})")
     need(cfg.bootstrap >= 0 and cfg.min_steps >= 1 and cfg.max_epochs > 0 and cfg.eval_rows >= 0
          and cfg.plan_steps >= 0,
          "bootstrap >= 0, min_steps >= 1, max_epochs > 0, eval_rows >= 0 and plan_steps >= 0")

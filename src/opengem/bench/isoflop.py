@@ -58,7 +58,7 @@ BUDGETS = ("small", "default", "large")
 
 
 CALIBRATE_CHOICES = ("none", "platt", "offset")  # a study's calibrate: none, or train.calibration.METHODS
-TRAIN_WINDOWS = ("all", "latest")  # a study's train_window (IsoflopConfig.train_window)
+TRAIN_WINDOWS = ("all", "latest", "latest_rows")  # IsoflopConfig.train_window
 
 
 @dataclass
@@ -113,7 +113,10 @@ class IsoflopConfig:
     # Which training rows a run reads. all: row groups drawn (shuffled) from every training day, so every
     # budget's rows span the same days; latest: the latest whole training days that hold the run's rows (a
     # ranker with a fixed training budget trains on its most recent window; in the simulator the value of a
-    # feature cross drifts day by day, drift_rad_per_day). Needs day=NNN partitions.
+    # feature cross drifts day by day, drift_rad_per_day); latest_rows: the same days read in time order
+    # (data.shuffle = false; data.shuffle_window still decides how each day's row groups mix), the first
+    # batches dropped (data.skip_batches) so that the run ends on the newest rows, as a ranker trained on its
+    # log in time order is. Needs day=NNN partitions.
     train_window: str = "all"
     # runs trained at once, each in its own process (set train.threads so that workers x threads fits the
     # cores); 1 = one after another in this process. The rule and every run's result are the same either way
@@ -185,7 +188,7 @@ def validate_isoflop(cfg: IsoflopConfig, where: str = "isoflop") -> None:
          f"calibrate must be none, platt or offset (got {cfg.calibrate!r})")
     need(cfg.workers >= 1, f"workers must be >= 1 (got {cfg.workers})")
     need(cfg.train_window in TRAIN_WINDOWS,
-         f"train_window must be all or latest (got {cfg.train_window!r})")
+         f"train_window must be one of {', '.join(TRAIN_WINDOWS)} (got {cfg.train_window!r})")
     need(cfg.bootstrap >= 0 and cfg.min_steps >= 1 and cfg.max_epochs > 0 and cfg.eval_rows >= 0,
          "bootstrap >= 0, min_steps >= 1, max_epochs > 0 and eval_rows >= 0")
     for key in ("frontier_test_rows", "frontier_calibration_rows"):
@@ -311,8 +314,12 @@ class Study:
         rc = load_run_config(self.cfg.base, ovr)
         rc.data.path = str(self.data)
         rc.data.train, rc.data.eval = self.train_spec, self.valid_spec
-        if self.cfg.train_window == "latest":
+        if self.cfg.train_window in ("latest", "latest_rows"):
             rc.data.train = latest_days(self.day_rows, steps * rc.data.batch_size)
+        if self.cfg.train_window == "latest_rows":
+            have = sum(n for d, n in self.day_rows if d in rc.data.train.split(","))
+            rc.data.shuffle = False
+            rc.data.skip_batches = max(0, have // rc.data.batch_size - steps)
         rc.train.steps = steps
         rc.train.seed = seed
         rc.train.early_stop.patience = 0
@@ -519,7 +526,7 @@ def prepare_study(cfg: IsoflopConfig, out: Path, data_dir: str | Path | None, ex
     log(f"isoflop: data {data} ({rows} training rows; train {train}, validation {valid}, test {test}) "
         f"ready in {time.perf_counter() - t0:.1f}s")
     st = Study(cfg, out, data, train, valid, test, rows, extra)
-    if cfg.train_window == "latest":
+    if cfg.train_window in ("latest", "latest_rows"):
         if train.startswith("@"):
             raise ConfigError(f"{data}: train_window = latest needs day=NNN partitions (have {train})")
         st.day_rows = [(d, sum(pq.ParquetFile(f).metadata.num_rows for f in ds.files(d)))

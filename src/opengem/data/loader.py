@@ -687,6 +687,23 @@ class ParquetLoader:
     def report(self) -> str:
         return self.problems.report()
 
+    def skip(self, batches: int) -> int:
+        """Read and drop the next ``batches`` batches of this epoch; returns how many there were (fewer when
+        the epoch ends first, and then the next iteration starts the next epoch).
+
+        The position afterwards is the one a checkpoint taken after them would hold, so the next iteration
+        resumes there exactly (any mixing window included). A run with a fixed step budget over time-ordered
+        data skips its oldest rows this way and ends on the newest ones.
+        """
+        it = iter(self)
+        try:
+            for n in range(batches):
+                if next(it, None) is None:
+                    return n
+        finally:
+            it.close()
+        return batches
+
     # ------------------------------------------------------------------ iteration
     def __iter__(self) -> Iterator[Batch]:
         streams, starts, foreign = self._stream_units()

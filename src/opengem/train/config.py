@@ -46,6 +46,10 @@ class DataConfig:
     # 0 (or 1) = one row group after another; -1 = a window per partition (a day of day=NNN folders: with
     # data.shuffle = false, days in order, each mixed whole). Resuming needs the same value (data.loader).
     shuffle_window: int = 0
+    # Training batches each rank reads and drops before the first step of a fresh run (never on resume):
+    # with data.shuffle = false and train.steps fixed, the run then ends on the newest rows of its split
+    # instead of stopping short of them (the iso-FLOP study's train_window = "latest_rows").
+    skip_batches: int = 0
 
 
 @dataclass
@@ -175,6 +179,7 @@ class RunConfig:
         need(d.num_workers >= 0, "data.num_workers", "must be >= 0", d.num_workers)
         need(d.shuffle_window >= -1, "data.shuffle_window", "must be >= 0, or -1 (a window per partition)",
              d.shuffle_window)
+        need(d.skip_batches >= 0, "data.skip_batches", "must be >= 0", d.skip_batches)
         need(d.on_error in ("", "error", "skip"), "data.on_error", 'must be "", "error" or "skip"',
              d.on_error)
         for k in ("train", "eval"):

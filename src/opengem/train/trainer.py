@@ -366,6 +366,13 @@ class Trainer:
         if self.loader_state is not None:
             loader.load_state_dict(self.loader_state)  # the saved position, merged over the saved ranks
             self.loader_state = None
+        elif self.step == 0 and self.epoch == 0 and self.cfg.data.skip_batches:
+            want = self.cfg.data.skip_batches
+            have = loader.skip(want)
+            if have < want:
+                raise TrainError(f"{self.data_path}: data.skip_batches = {want}, but partitions "
+                                 f"{self.cfg.data.train!r} give this rank only {have} full batches of "
+                                 f"{self.cfg.data.batch_size} rows an epoch")
         return loader
 
     # ----------------------------------------------------------------------- the loop
