@@ -94,12 +94,13 @@ def test_seeds_pair_the_data_order_across_configurations(planned, tmp_path):
 
 def test_train_window_latest_reads_the_newest_days_for_each_configuration(tmp_path):
     """train_window = latest (as the iso-FLOP study's): every configuration, and a proxy with its fewer rows,
-    reads the newest whole training days that hold its own rows; the default reads every training day."""
+    reads the newest whole training days that hold its own rows; the default reads every training day;
+    latest_rows reads latest's days in order and drops the batches before its last ``steps``."""
     from opengem.bench.ablation import as_isoflop
     from opengem.bench.isoflop import prepare_study
 
     studies = {}
-    for window in ("all", "latest"):
+    for window in ("all", "latest", "latest_rows"):
         cfg = load_ablation_config(SMALL, ["max_epochs=20", f"train_window={window}"])
         assert as_isoflop(cfg).train_window == window
         studies[window] = prepare_study(as_isoflop(cfg), tmp_path / window, None, ["data.sim.rows=4000"],
@@ -114,6 +115,9 @@ def test_train_window_latest_reads_the_newest_days_for_each_configuration(tmp_pa
     steps = proxy_steps(4 * (newest // BATCH), proxy)  # a full run of ~4 days, its proxy: the newest
     assert run_config(st, fams[FULL], steps, None, 0, proxy).data.train == train[-1]
     assert run_config(studies["all"], fams[FULL], 1, None, 0).data.train == studies["all"].train_spec
+    rows = run_config(studies["latest_rows"], fams[FULL], 3, None, 0)  # latest's day, in order, its end
+    assert rows.data.train == train[-1] and not rows.data.shuffle
+    assert rows.data.skip_batches == newest // BATCH - 3
     with pytest.raises(ConfigError, match="train_window"):
         load_ablation_config(SMALL, ["train_window=newest"])
 
