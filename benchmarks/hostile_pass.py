@@ -187,6 +187,8 @@ def cases(w: Path) -> list[Case]:
     add(Case("train: train.lr=abc", ["train", "--config", tiny, "train.lr=abc", "--out", "x2"]))
     add(Case("train: train.steps=-1", ["train", "--config", tiny, "train.steps=-1", "--out", "x3"]))
     add(Case("train: data.batch_size=0", ["train", "--config", tiny, "data.batch_size=0", "--out", "x4"]))
+    add(Case("train: data.skip_batches past the split", ["train", "--config", tiny, *FAST, "--data", D,
+                                                         "data.skip_batches=100000", "--out", "x4b"]))
     add(Case("train: model.embedding.d=-4", ["train", "--config", tiny, *FAST, "--data", D,
                                              "model.embedding.d=-4", "--out", "x5"]))
     add(Case("train: model.name=nosuch", ["train", "--config", tiny, *FAST, "--data", D,
