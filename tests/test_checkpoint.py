@@ -61,13 +61,16 @@ def test_skip_batches_drops_the_first_batches_of_a_fresh_run_only(tmp_path, data
         return ckpt.read_meta(ckpt.latest_checkpoint(tmp_path / run))["loader"]["offsets"]
 
     order = ["data.shuffle=false", "train.checkpoint_every=0"]
+    phases = {}
     for run, steps, skip in (("skip", 6, 3), ("nine", 9, 0), ("eleven", 11, 0)):
-        train(load_run_config(TINY, FAST + order + [f"train.steps={steps}", f"data.skip_batches={skip}"]),
-              tmp_path / run, data)
+        cfg = load_run_config(TINY, FAST + order + [f"train.steps={steps}", f"data.skip_batches={skip}"])
+        res = train(cfg, tmp_path / run, data)
+        phases[run] = res["startup"]["phases"]
     assert offsets("skip") == offsets("nine") != offsets("eleven")
-    train(load_run_config(TINY, FAST + order + ["train.steps=8", "data.skip_batches=3"]), tmp_path / "skip",
-          data, resume=True)
-    assert offsets("skip") == offsets("eleven")
+    assert phases["skip"]["skip_batches"] > 0 and "skip_batches" not in phases["nine"]
+    res = train(load_run_config(TINY, FAST + order + ["train.steps=8", "data.skip_batches=3"]),
+                tmp_path / "skip", data, resume=True)
+    assert offsets("skip") == offsets("eleven") and "skip_batches" not in res["startup"]["phases"]
     with pytest.raises(TrainError, match=r"skip_batches = 100000, but partitions .* only \d+ full batches"):
         train(load_run_config(TINY, FAST + ["train.steps=2", "data.skip_batches=100000"]), tmp_path / "x",
               data)

@@ -368,7 +368,8 @@ class Trainer:
             self.loader_state = None
         elif self.step == 0 and self.epoch == 0 and self.cfg.data.skip_batches:
             want = self.cfg.data.skip_batches
-            have = loader.skip(want)
+            with self.timer.phase("skip_batches"):  # reading past them shows in the start-up breakdown
+                have = loader.skip(want)
             if have < want:
                 raise TrainError(f"{self.data_path}: data.skip_batches = {want}, but partitions "
                                  f"{self.cfg.data.train!r} give this rank only {have} full batches of "
