@@ -528,7 +528,8 @@ def prepare_study(cfg: IsoflopConfig, out: Path, data_dir: str | Path | None, ex
     st = Study(cfg, out, data, train, valid, test, rows, extra)
     if cfg.train_window in ("latest", "latest_rows"):
         if train.startswith("@"):
-            raise ConfigError(f"{data}: train_window = latest needs day=NNN partitions (have {train})")
+            raise ConfigError(f"{data}: train_window = {cfg.train_window} needs day=NNN partitions "
+                              f"(have {train})")
         st.day_rows = [(d, sum(pq.ParquetFile(f).metadata.num_rows for f in ds.files(d)))
                        for d in train.split(",")]
     for fam in cfg.families:
