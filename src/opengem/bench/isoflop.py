@@ -59,6 +59,7 @@ BUDGETS = ("small", "default", "large")
 
 CALIBRATE_CHOICES = ("none", "platt", "offset")  # a study's calibrate: none, or train.calibration.METHODS
 TRAIN_WINDOWS = ("all", "latest", "latest_rows")  # IsoflopConfig.train_window
+LATEST_DAY_WINDOWS = ("latest", "latest_rows")  # the train_windows that read the latest days (day_rows)
 
 
 @dataclass
@@ -314,7 +315,7 @@ class Study:
         rc = load_run_config(self.cfg.base, ovr)
         rc.data.path = str(self.data)
         rc.data.train, rc.data.eval = self.train_spec, self.valid_spec
-        if self.cfg.train_window in ("latest", "latest_rows"):
+        if self.cfg.train_window in LATEST_DAY_WINDOWS:
             rc.data.train = latest_days(self.day_rows, steps * rc.data.batch_size)
         if self.cfg.train_window == "latest_rows":
             have = sum(n for d, n in self.day_rows if d in rc.data.train.split(","))
@@ -526,7 +527,7 @@ def prepare_study(cfg: IsoflopConfig, out: Path, data_dir: str | Path | None, ex
     log(f"isoflop: data {data} ({rows} training rows; train {train}, validation {valid}, test {test}) "
         f"ready in {time.perf_counter() - t0:.1f}s")
     st = Study(cfg, out, data, train, valid, test, rows, extra)
-    if cfg.train_window in ("latest", "latest_rows"):
+    if cfg.train_window in LATEST_DAY_WINDOWS:
         if train.startswith("@"):
             raise ConfigError(f"{data}: train_window = {cfg.train_window} needs day=NNN partitions "
                               f"(have {train})")
