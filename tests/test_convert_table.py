@@ -249,6 +249,28 @@ def test_split_per_file_with_headerless_later_files(tmp_path: Path) -> None:
     assert rows["test"] == 30 and rows["train"] + rows["valid"] == 100 and rows["valid"] > 5
 
 
+def test_format_from_the_file_names(log_csv, tmp_path: Path, capsys) -> None:
+    """Without --format the names say it (compressed too); names that say none or two formats are refused."""
+    (tmp_path / "train.csv").write_text("a,y\n" + "".join(f"v{i % 7},{i % 2}\n" for i in range(100)))
+    (tmp_path / "test.csv").write_text("".join(f"v{i % 9},{i % 2}\n" for i in range(30)))
+    out = tmp_path / "o"
+    assert convert("--src", f"train={tmp_path / 'train.csv'}", "--src", f"test={tmp_path / 'test.csv'}",
+                   "--label", "y", "--infer-schema", "--valid-frac", "0.2", "--out", str(out)) == 0
+    assert read(out, "test").num_rows == 30
+    lines = ["1 3:1 7:1", "0 3:1 8:1", "0 2:1", "1 3:1 7:1"] * 40
+    with pa.output_stream(str(tmp_path / "a.svm.gz"), compression="gzip") as f:
+        f.write(("\n".join(lines) + "\n").encode())
+    assert convert("--src", str(tmp_path / "a.svm.gz"), "--label", "label", "--infer-schema",
+                   "--out", str(tmp_path / "svm")) == 0
+    assert Dataset(tmp_path / "svm").schema.sparse[0].multi_valued
+    capsys.readouterr()
+    (tmp_path / "b.txt").write_text("a,y\nv,1\n")
+    for srcs in ([str(tmp_path / "b.txt")], [str(log_csv[0]), str(tmp_path / "a.svm.gz")]):
+        assert convert(*[a for s in srcs for a in ("--src", s)], "--label", "y", "--infer-schema",
+                       "--out", str(tmp_path / "x")) == 2
+        assert "--format csv|tsv|parquet|libsvm is required" in capsys.readouterr().err
+
+
 def test_many_shuffle_buckets_keep_every_train_row(log_csv, tmp_path: Path, monkeypatch) -> None:
     """Train rows go through several seeded shuffle buckets (bounded memory) and all come back once."""
     monkeypatch.setattr("opengem.data.adapters.table.SHUFFLE_BUCKET_ROWS", 300)

@@ -310,6 +310,9 @@ def test_cli_exports_a_run_with_its_version_and_contract(run_dir, tmp_path, caps
     batch = next(iter(ParquetLoader(ds.files("@valid"), ds.schema, 64, drop_last=False)))
     direct = Predictor.load(run_dir)  # a run folder, exported in memory
     assert torch.equal(Predictor.load(out).logits(batch), direct.logits(batch))
+    # --run names the run as evaluate, calibrate and predict take it
+    assert main(["export", "--run", str(run_dir), "--out", str(tmp_path / "flag"), "--backend", "eager"]) == 0
+    assert json.loads((tmp_path / "flag" / MANIFEST).read_text())["version"] == m["version"]
 
 
 @pytest.mark.slow
@@ -332,6 +335,10 @@ def test_cli_errors_are_one_line(run_dir, tmp_path, capsys):
     assert main(["export", f"{run_dir}@3", "--out", str(tmp_path / "o")]) != 0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "versions" in err[0]
+    for both_or_none in ([str(run_dir), "--run", str(run_dir)], []):
+        assert main(["export", *both_or_none, "--out", str(tmp_path / "o")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err == "opengem export: error: give the run once, as RUN or --run RUN"
 
 
 def test_a_published_version_loads_and_exports_with_its_manifest(run_dir, tmp_path):

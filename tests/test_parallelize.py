@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 from torchrec.modules.embedding_modules import EmbeddingCollection
@@ -38,15 +40,18 @@ def _build(sharding: str):
 
 
 @pytest.mark.parametrize("sharding", ["table_wise", "row_wise", "column_wise"])
-def test_plan_follows_config_and_init_is_the_full_model(sharding):
-    """The planner obeys train.sharding; every shard starts from the one full init."""
+def test_plan_follows_config_and_init_is_the_full_model(sharding, caplog):
+    """The planner obeys train.sharding; every shard starts from the one full init; planning prints nothing
+    (TorchRec warns on every run about a Topology built without its factory)."""
     dev = torch.device("cpu")
     cfg, schema, model, full = _build(sharding)
     tables = set(table_names(model))
     seq_tables = {t.name for m in embedding_modules(model) if isinstance(m, EmbeddingCollection)
                   for t in m.embedding_configs()}
-    with process_group(dev) as pg:
+    logging.getLogger("torchrec.distributed.planner").setLevel(logging.NOTSET)  # as in a fresh process
+    with process_group(dev) as pg, caplog.at_level(logging.WARNING):
         sharded, info = parallelize(model, None, cfg.train, dev, pg)
+        assert not [r.getMessage() for r in caplog.records if r.name.startswith("torchrec")]
         assert set(info["plan"]) == tables
         assert {info["plan"][t] for t in seq_tables} == {sharding}
         # no row-wise EmbeddingBagCollection on CPU in torchrec 1.8: those fall back to table-wise

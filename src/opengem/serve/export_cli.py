@@ -1,4 +1,4 @@
-"""``opengem export RUN[@version] --out DIR [--backend eager|export|aoti]``: a trained model -> an artifact.
+"""``opengem export [--run] RUN[@version] --out DIR [--backend eager|export|aoti]``: a run -> an artifact.
 
 See :mod:`opengem.serve.artifact` for what the folder holds and :mod:`opengem.serve.export` for how the
 program is made. ``eager`` writes weights and the data contract only (seconds); ``export`` adds the
@@ -11,13 +11,16 @@ from __future__ import annotations
 import argparse
 import warnings
 
+from opengem.errors import UsageError
 from opengem.serve.export import BACKENDS, export_run
 from opengem.train.calibration import describe_calibration
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run", help="training run folder, or RUN@version (e.g. RUN@3 or RUN@v0003) for a "
-                               "published version of an online run")
+    p.add_argument("run", nargs="?", help="training run folder, or RUN@version (e.g. RUN@3 or RUN@v0003) "
+                                          "for a published version of an online run")
+    p.add_argument("--run", "--run-dir", dest="run_flag", metavar="RUN",  # as evaluate, calibrate, predict
+                   help="the same, as a flag (give one of the two)")
     p.add_argument("--out", required=True, help="artifact folder to write")
     p.add_argument("--backend", default="export", choices=BACKENDS,
                    help="what to build besides the weights (default: export)")
@@ -26,6 +29,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     warnings.filterwarnings("ignore", category=FutureWarning)  # TorchRec/DCP deprecation notices
+    if (args.run is None) == (args.run_flag is None):
+        raise UsageError("give the run once, as RUN or --run RUN")
+    args.run = args.run or args.run_flag
     res = export_run(args.run, args.out, backend=args.backend, force=args.force)
     timing = ", ".join(f"{k} {v:.1f}s" for k, v in res.items() if k.endswith("_s"))
     cal_note = describe_calibration(res["source"].get("calibration"))

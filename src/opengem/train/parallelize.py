@@ -33,7 +33,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torchrec.distributed import DistributedModelParallel
-from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints
+from torchrec.distributed.planner.types import KernelConfig, TopologyFactory, TrainerConfig
 from torchrec.distributed.sharding_plan import get_default_sharders
 from torchrec.distributed.types import ShardedModule, ShardingEnv
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
@@ -116,7 +117,10 @@ def plan_tables(model: nn.Module, device: torch.device, pg: dist.ProcessGroup, s
                    for t, types in allowed_sharding_types(model, device, sharding).items()}
     world = world or dist.get_world_size(pg)
     local = min(world, max(1, torch.cuda.device_count())) if device.type == "cuda" else world
-    topology = Topology(world_size=world, compute_device=device.type, local_world_size=local)
+    # the factory, not Topology(...): the same topology (TorchRec's defaults), without the warning that direct
+    # construction prints on every run
+    topology = TopologyFactory.create_topology(TrainerConfig(world_size=world, local_world_size=local),
+                                               kernel_config=KernelConfig(compute_device=device.type))
     for name in ("torchrec.distributed.planner", "torch.fx._symbolic_trace"):  # chatty, not actionable
         logging.getLogger(name).setLevel(logging.ERROR)
     planner = EmbeddingShardingPlanner(topology=topology, constraints=constraints)

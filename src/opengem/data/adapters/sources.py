@@ -36,6 +36,23 @@ PARQUET_BATCH = 131_072
 LIBSVM_SCHEMA = pa.schema([("label", pa.float64()), ("features", pa.list_(pa.int64()))])
 
 
+SUFFIX_FORMATS = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".parquet": "parquet", ".pq": "parquet",
+                  ".libsvm": "libsvm", ".svm": "libsvm"}
+COMPRESSION_SUFFIXES = (".gz", ".bz2", ".zst", ".lz4")  # what pa.input_stream(compression="detect") reads
+
+
+def format_from_names(paths: list[str]) -> str | None:
+    """The one format every path's name says (``clicks.csv.gz`` -> csv), or None when a name says none or
+    two names disagree: then the user names it with --format."""
+    found = set()
+    for path in paths:
+        name = Path(path).name.lower()
+        for ext in COMPRESSION_SUFFIXES:
+            name = name.removesuffix(ext)
+        found.add(SUFFIX_FORMATS.get(Path(name).suffix))
+    return found.pop() if len(found) == 1 else None
+
+
 def expand(pattern: str) -> list[Path]:
     """The files a ``--src`` path or glob names, sorted; none is a UsageError naming the pattern."""
     p = Path(pattern)

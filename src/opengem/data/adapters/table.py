@@ -45,7 +45,7 @@ from opengem.data.adapters.infer import (
     load_spec,
 )
 from opengem.data.adapters.labels import LabelSyntaxError, parse_labels
-from opengem.data.adapters.sources import Source, expand
+from opengem.data.adapters.sources import Source, expand, format_from_names
 from opengem.data.adapters.table_encode import Chunk, Encoders, fit_encoders
 from opengem.data.adapters.table_split import SPLITS, TRAIN, SplitRule, time_cuts
 from opengem.data.commit import check_target, staged_dir
@@ -373,8 +373,12 @@ def _labels(text: str | None) -> list[str]:
 
 
 def job_from_args(args: argparse.Namespace) -> TableJob:
+    if not args.format:  # a name such as clicks.csv says it; --format when names say none or disagree
+        args.format = format_from_names([s.split("=", 1)[1] if s.split("=", 1)[0] in SPLITS else s
+                                         for s in args.src or []])
     if not args.format:
-        raise UsageError("convert table: --format csv|tsv|parquet|libsvm is required")
+        raise UsageError("convert table: --format csv|tsv|parquet|libsvm is required (the --src names do not "
+                         "say one format)")
     if bool(args.schema) == bool(args.infer_schema):
         raise UsageError("convert table: give exactly one of --schema S.toml and --infer-schema")
     for name in ("valid_frac", "test_frac"):
