@@ -625,3 +625,89 @@ def test_exact_holdout_matches_frappe_adapter_row_for_row(tmp_path: Path) -> Non
         assert t["example_id"].to_pylist() == a["example_id"].to_pylist(), s
         np.testing.assert_array_equal(t["label"].to_numpy(), a["click"].to_numpy(), err_msg=s)
     assert read(tmp_path / "a", "valid").num_rows == round(0.1 * 57_722)  # SOURCE.md: 57,722 lines
+
+
+# --------------------------------------------------------------------------- histories written into one cell
+def _history_csv(path: Path, n: int = 600) -> list[dict[str, str]]:
+    """ad_id, hist_ad_id ('^'-joined ad ids, oldest first, some empty), tags ('|'-joined), a category path
+    with one '|' in a few rows, click."""
+    rng = np.random.default_rng(3)
+    rows = []
+    for i in range(n):
+        hist = [str(int(x)) for x in rng.integers(0, 40, int(rng.integers(0, 7)))]
+        tags = list(rng.choice(["x", "y", "z"], int(rng.integers(0, 3)), replace=False))
+        rows.append({"user_id": str(int(rng.integers(0, 90))), "ad_id": str(int(rng.integers(0, 40))),
+                     "hist_ad_id": "^".join(hist), "tags": " | ".join(tags),
+                     "cat": "a|b" if i in (5, 77) else f"c{i % 9}", "click": str(int(rng.random() < 0.2))})
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    return rows
+
+
+def test_joined_histories_are_sequences_sharing_their_items_table(tmp_path: Path) -> None:
+    """'^'- and '|'-joined cells become sequences (split, trimmed, empty cells empty); a history named after a
+    feature shares that feature's vocabulary and table, so an ad id in a history is the ad's own row; two
+    histories never share a table by accident; a value with one '|' in two rows of 600 stays categorical."""
+    rows = _history_csv(tmp_path / "h.csv")
+    out = tmp_path / "o"
+    assert convert("--src", str(tmp_path / "h.csv"), "--label", "click", "--infer-schema", "--out",
+                   str(out)) == 0
+    spec = load_spec(tmp_path / "o.import.toml")
+    assert {(q.name, q.separator, q.share) for q in spec.sequence} == {("hist_ad_id", "^", "ad_id"),
+                                                                       ("tags", "|", "")}
+    assert [s.name for s in spec.sparse] == ["user_id", "ad_id", "cat"]
+    ds = Dataset(out)
+    fields = {g.name: g.fields[0] for g in ds.schema.sequences}
+    ad = next(f for f in ds.schema.sparse if f.name == "ad_id")
+    assert fields["hist_ad_id"].table_name == ad.table_name and fields["hist_ad_id"].vocab == ad.vocab
+    assert fields["tags"].table_name == "tags__id"
+    t = pa.concat_tables(read(out, s) for s in SPLITS)
+    ad_of = {}  # the ad's own id for each raw ad value
+    for r, a in zip(t["example_id"].to_pylist(), t["ad_id"].to_pylist()):
+        ad_of.setdefault(rows[r]["ad_id"], a)
+    tag_lens = [len(x) for x in t["tags__id"].to_pylist()]
+    for r, hist, k in zip(t["example_id"].to_pylist(), t["hist_ad_id__id"].to_pylist(), tag_lens):
+        want = rows[r]["hist_ad_id"].split("^") if rows[r]["hist_ad_id"] else []
+        assert len(hist) == len(want) and k == len([x for x in rows[r]["tags"].split("|") if x.strip()])
+        assert all(ad_of[v] == h for v, h in zip(want, hist) if v in ad_of and ad_of[v] != 0)
+    assert 0 in tag_lens and 0 in [len(x) for x in t["hist_ad_id__id"].to_pylist()]
+
+
+def test_separator_and_share_spec_errors_and_a_parquet_history_of_int_ids(tmp_path: Path, capsys) -> None:
+    _history_csv(tmp_path / "h.csv", 60)
+    assert convert("--src", str(tmp_path / "h.csv"), "--label", "click", "--infer-schema", "--out",
+                   str(tmp_path / "o")) == 0
+    text = (tmp_path / "o.import.toml").read_text()
+    capsys.readouterr()
+    cat = 'name = "cat", dim = 0, hash = false, multi_valued = false, vocab = 0, separator = '
+    for bad, where in ((text.replace('share = "ad_id"', 'share = "nope"'), "sequence[0].share: 'nope'"),
+                       (text.replace(cat + '""', cat + '"|"'), "has a separator but multi_valued")):
+        assert bad != text
+        (tmp_path / "bad.toml").write_text(bad)
+        assert convert("--src", str(tmp_path / "h.csv"), "--schema", str(tmp_path / "bad.toml"), "--out",
+                       str(tmp_path / "x")) == 1
+        err = capsys.readouterr().err
+        assert where in err and err.count("\n") == 1, err
+    # Parquet: integer ads, a history of the same ids as joined text; the spec says how to read it
+    src = pa.table({"ad": pa.array([3, 5, 7, 3] * 20, pa.int64()),
+                    "hist": ["5^7", "", "3", "7^3^5"] * 20, "click": [1.0, 0.0, 0.0, 1.0] * 20})
+    pq.write_table(src, tmp_path / "p.parquet")
+    (tmp_path / "p.toml").write_text('name = "p"\nlabels = ["click"]\nsparse = [{ name = "ad" }]\n'
+                                     'sequence = [{ name = "hist", separator = "^", share = "ad" }]\n')
+    assert convert("--src", str(tmp_path / "p.parquet"), "--schema", str(tmp_path / "p.toml"), "--out",
+                   str(tmp_path / "p")) == 0
+    t = pa.concat_tables(read(tmp_path / "p", s) for s in SPLITS)
+    got = {r % 4: (a, h) for r, a, h in zip(t["example_id"].to_pylist(), t["ad"].to_pylist(),
+                                             t["hist__id"].to_pylist())}
+    ids = {3: got[0][0], 5: got[1][0], 7: got[2][0]}  # each ad value's id in the ad column
+    assert len(set(ids.values())) == 3 and 0 not in ids.values()
+    assert [got[i][1] for i in range(4)] == [[ids[5], ids[7]], [], [ids[3]], [ids[7], ids[3], ids[5]]]
+    src2 = src.set_column(1, "hist", pa.array(["5^x", "", "3", "7"] * 20))
+    pq.write_table(src2, tmp_path / "p2.parquet")
+    assert convert("--src", str(tmp_path / "p2.parquet"), "--schema", str(tmp_path / "p.toml"), "--out",
+                   str(tmp_path / "p2")) == 1
+    err = capsys.readouterr().err
+    assert "column 'hist' (a sequence sharing the vocabulary of 'ad') holds values that are not int64" in err
+    assert err.count("\n") == 1

@@ -11,6 +11,9 @@ conversion. Inference looks at the source's column types only:
   sample writes every value as an integer: an id too large for int64, parsed by Arrow as a float);
 - list columns -> a sequence group of one id field (``<name>__id``), or, for libsvm's ``features``
   bag, a multi-valued sparse feature;
+- CSV/TSV text columns holding lists joined by ``^`` or ``|`` (``12^7^5``, oldest first; FuxiCTR's and BARS'
+  way of writing a history into a CSV cell) -> a sequence read with that ``separator`` (a bag of tags
+  written so: a sparse feature with ``multi_valued = true`` and the separator; edit the spec);
 - the label, time, surface and example-id columns are roles, not features (a derived label's source
   column, e.g. ``rating`` in ``like=rating>=4``, included: see :mod:`labels`).
 
@@ -28,6 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from opengem.data.adapters.labels import LabelRule, LabelSyntaxError, parse_label, parse_labels
+from opengem.data.adapters.vocab import split_cells
 from opengem.data.schema import SchemaError, dumps_toml, read_toml
 
 TRANSFORMS = ("standardize", "log1p", "none")
@@ -35,12 +39,17 @@ DEFAULT_MIN_COUNT = 2
 DEFAULT_HASH_BUCKETS = 100_000
 DEFAULT_MAX_LEN = 50
 BAG_COLUMNS = ("features",)  # list columns that are bags of ids (libsvm), not ordered histories
+SEPARATORS = ("^", "|")  # what inference takes for a list written into one text cell
+MIN_SEPARATED_SHARE = 0.1  # ... when at least this share of the sampled values (and two of them) hold one
+MIN_SHARED_OVERLAP = 0.3  # a history shares a feature's vocabulary when this share of its events are in it
 
 HEADER = ("# opengem convert table: import spec. Edit it (kinds, dims, transforms, ignore) and re-run\n"
           "# with --schema THIS_FILE. Roles: labels/time/surface/example_id name source columns;\n"
           "# a label is COL (0/1) or NAME=COL OP NUMBER (OP: >= > <= < == !=), e.g. like=rating>=4;\n"
           "# an empty time or example_id means 'generated from the row number';\n"
-          "# exact_holdout = true holds out exactly round(frac * rows) rows (--exact-holdout).\n")
+          "# exact_holdout = true holds out exactly round(frac * rows) rows (--exact-holdout);\n"
+          "# separator: a text column holding a list per cell ('12^7^5', oldest first) is split on it;\n"
+          "# share: the sparse feature whose vocabulary and table a sequence's events use.\n")
 
 
 @dataclass
@@ -50,6 +59,7 @@ class SparseSpec:
     hash: bool = False  # hash even when the vocabulary is small
     multi_valued: bool = False
     vocab: int = 0  # > 0: the column already holds ids in [0, vocab), kept as they are (0 = missing)
+    separator: str = ""  # multi_valued: a text cell holds the values joined by it ("a|b|c")
 
 
 @dataclass
@@ -64,6 +74,8 @@ class SequenceSpec:
     name: str
     max_len: int = DEFAULT_MAX_LEN
     dim: int = 0
+    separator: str = ""  # a text cell holds the history joined by it ("12^7^5", oldest first); "": a list
+    share: str = ""  # a sparse feature whose vocabulary and table the events use (a history of ad ids: "ad")
 
 
 @dataclass
@@ -178,6 +190,20 @@ def check_spec(spec: ImportSpec, where: str) -> None:
     for i, q in enumerate(spec.sequence):
         if not isinstance(q.max_len, int) or q.max_len < 1:
             raise SchemaError(f"{where}: sequence[{i}].max_len must be an integer >= 1")
+    sparse_names = {s.name for s in spec.sparse}
+    for i, q in enumerate(spec.sequence):
+        if not isinstance(q.share, str) or (q.share and q.share not in sparse_names):
+            raise SchemaError(f"{where}: sequence[{i}].share: {q.share!r} is not a sparse feature of the "
+                              f"spec ({', '.join(sorted(sparse_names)) or 'none'})")
+    for key, items in (("sparse", spec.sparse), ("sequence", spec.sequence)):
+        for i, item in enumerate(items):
+            sep = item.separator
+            if not isinstance(sep, str) or sep.strip() != sep:
+                raise SchemaError(f"{where}: {key}[{i}].separator must be a string without spaces at its "
+                                  f"ends, got {sep!r}")
+            if sep and key == "sparse" and not item.multi_valued:
+                raise SchemaError(f"{where}: sparse[{i}] ({item.name!r}) has a separator but multi_valued = "
+                                  "false: a cell split into values is a multi-valued feature (or a sequence)")
     seen: dict[str, str] = {}
     for col, role in spec.source_columns():
         if col in seen and {seen[col], role} != {"surface", "sparse"}:
@@ -191,6 +217,42 @@ def _integer_text(sample: pa.RecordBatch | None, name: str) -> bool:
         return False
     col = sample.column(name).drop_null()
     return len(col) > 0 and bool(pc.all(pc.match_substring_regex(col, r"^\s*-?\d+\s*$")).as_py())
+
+
+def _separator(sample: pa.RecordBatch | None, name: str) -> str:
+    """The separator a text column's sampled cells join lists with ("" when they do not): at least two
+    values and MIN_SEPARATED_SHARE of the non-empty ones hold it."""
+    if sample is None or name not in sample.schema.names:
+        return ""
+    col = sample.column(name).drop_null()
+    col = col.filter(pc.not_equal(col, ""))
+    for sep in SEPARATORS:
+        k = int(pc.sum(pc.cast(pc.match_substring(col, sep), pa.int64())).as_py() or 0) if len(col) else 0
+        if k >= 2 and k >= MIN_SEPARATED_SHARE * len(col):
+            return sep
+    return ""
+
+
+def _shared_item(sample: pa.RecordBatch | None, seq: SequenceSpec, sparse: list[SparseSpec]) -> str:
+    """The sparse feature a history's events are ids of: the longest one whose name is part of the
+    history's (``item_id`` in ``hist_item_id``), where at least MIN_SHARED_OVERLAP of the sampled events'
+    distinct values are among its sampled values ("" when none; numbers alone would not tell a user id
+    from an item id, so the name decides and the sample only vetoes)."""
+    named = sorted((s for s in sparse if s.name in seq.name and not s.multi_valued),
+                   key=lambda s: -len(s.name))
+    if not named or sample is None or seq.name not in sample.schema.names:
+        return named[0].name if named else ""
+    col = sample.column(seq.name)
+    events = pc.list_flatten(split_cells(col, seq.separator)) if seq.separator else pc.list_flatten(col)
+    events = pc.unique(pc.cast(events, pa.string()))
+    for s in named:
+        if s.name not in sample.schema.names or len(events) == 0:
+            continue
+        values = pc.unique(pc.cast(sample.column(s.name), pa.string()))
+        hit = int(pc.sum(pc.cast(pc.is_in(events, value_set=values), pa.int64())).as_py() or 0)
+        if hit >= MIN_SHARED_OVERLAP * len(events):
+            return s.name
+    return ""
 
 
 def infer_spec(source: pa.Schema, name: str, labels: list[str], time: str = "", surface: str = "",
@@ -213,9 +275,13 @@ def infer_spec(source: pa.Schema, name: str, labels: list[str], time: str = "", 
                 spec.sequence.append(SequenceSpec(f.name))
         elif (pa.types.is_floating(t) or pa.types.is_decimal(t)) and not _integer_text(sample, f.name):
             spec.dense.append(DenseSpec(f.name))
+        elif (pa.types.is_string(t) or pa.types.is_large_string(t)) and _separator(sample, f.name):
+            spec.sequence.append(SequenceSpec(f.name, separator=_separator(sample, f.name)))
         elif (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_string(t)
               or pa.types.is_large_string(t) or pa.types.is_boolean(t) or pa.types.is_dictionary(t)):
             spec.sparse.append(SparseSpec(f.name))
         else:
             spec.ignore.append(f.name)  # timestamps, binary, structs: not a feature without a decision
+    for q in spec.sequence:
+        q.share = _shared_item(sample, q, spec.sparse)
     return spec

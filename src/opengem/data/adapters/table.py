@@ -46,7 +46,7 @@ from opengem.data.adapters.infer import (
 )
 from opengem.data.adapters.labels import LabelSyntaxError, parse_labels
 from opengem.data.adapters.sources import Source, expand, format_from_names
-from opengem.data.adapters.table_encode import Chunk, Encoders, fit_encoders
+from opengem.data.adapters.table_encode import Chunk, Encoders, fit_encoders, prepare_lists
 from opengem.data.adapters.table_split import SPLITS, TRAIN, SplitRule, time_cuts
 from opengem.data.commit import check_target, staged_dir
 from opengem.data.parquet import CanonicalWriter
@@ -120,6 +120,7 @@ def stream(job: TableJob, bad: BadRows, columns: list[str] | None = None,
         for path, batch in source.batches(bad, need):
             if job.derive is not None:
                 batch = job.derive(batch, path)
+            batch = prepare_lists(batch, spec, path)
             n = batch.num_rows
             rows = np.arange(row0, row0 + n, dtype=np.int64)
             ts = _int_column(batch, spec.time, path, row0, "time") if spec.time else rows
@@ -193,11 +194,18 @@ def output_schema(job: TableJob, enc: Encoders) -> FeatureSchema:
         if d.missing_indicator:
             dense.append({"name": f"{d.name}_missing"})
     seqs = []
+    tables = {d["name"]: d for d in sparse}
     for q in spec.sequence:
         size = enc.vocabs[q.name].size
         dim = q.dim or (4 if size <= 16 else 8 if size <= 256 else 16)
+        # a history of an item's ids reads that item's table (the same rows, as the named adapters share
+        # them); otherwise the table is named after its column: two histories, or a history beside a feature
+        # called "id", must not share (or clash on) one table "id"
+        table = f"{q.name}__id"
+        if q.share:
+            table, dim = tables[q.share].get("table", q.share), tables[q.share]["dim"]
         seqs.append({"name": q.name, "max_len": q.max_len, "on_overflow": "truncate",
-                     "fields": [{"name": "id", "vocab": size, "dim": dim}]})
+                     "fields": [{"name": "id", "vocab": size, "dim": dim, "table": table}]})
     return FeatureSchema.from_dict({
         "name": spec.name, "surfaces": enc.surfaces, "sparse": sparse, "dense": dense, "sequence": seqs,
         "task": [{"name": c} for c in spec.task_names],
@@ -278,7 +286,12 @@ def _text_columns(job: TableJob) -> list[str]:
     """Categorical columns every source holds as text (CSV/TSV are read as strings): a hashed one hashes
     the text, so a server given a raw number for it must hash that number's text too."""
     out = []
+    shared = {q.name: q.share for q in job.spec.sequence if q.share}  # read as their item's type
     for name in [s.name for s in [*job.spec.sparse, *job.spec.sequence]]:
+        if name in shared:
+            if shared[name] in out:
+                out.append(name)
+            continue
         text = True
         for src in job.sources.values():
             if src.fmt in ("csv", "tsv"):

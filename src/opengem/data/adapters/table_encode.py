@@ -20,7 +20,13 @@ import pyarrow.compute as pc
 from opengem.data.adapters.common import AdapterError
 from opengem.data.adapters.infer import ImportSpec
 from opengem.data.adapters.labels import LabelRule
-from opengem.data.adapters.vocab import CategoryCounter, CategoryVocab, DenseStats
+from opengem.data.adapters.vocab import (
+    CategoryCounter,
+    CategoryVocab,
+    DenseStats,
+    categorical_key,
+    split_cells,
+)
 from opengem.data.dataset import arrow_schema
 from opengem.data.schema import FeatureSchema
 
@@ -44,6 +50,33 @@ def tail_lists(arr: pa.ListArray, max_len: int) -> pa.ListArray:
     idx = np.repeat(offsets[1:] - keep - new[:-1], keep) + np.arange(new[-1])
     values = arr.values.take(pa.array(idx - offsets[0]))
     return pa.ListArray.from_arrays(pa.array(new.astype(np.int32)), values)
+
+
+def prepare_lists(batch: pa.RecordBatch, spec: ImportSpec, file: Path | str = "") -> pa.RecordBatch:
+    """``batch`` as the encoders read it: every column the spec reads with a ``separator`` split into lists
+    (see split_cells), and each history that shares a sparse feature's vocabulary holding values of that
+    feature's type (integers stay integers, so that counting, lookup and hashing agree)."""
+    seps = {s.name: s.separator for s in [*spec.sparse, *spec.sequence] if s.separator}
+    shared = {q.name: q.share for q in spec.sequence if q.share}
+    if not seps and not shared:
+        return batch
+    cols = {f.name: batch.column(i) for i, f in enumerate(batch.schema)}
+    for name, sep in seps.items():
+        cols[name] = split_cells(cols[name], sep)
+    for name, share in shared.items():
+        want = categorical_key(cols[share][:0]).type
+        have = cols[name].type
+        if not (pa.types.is_list(have) or pa.types.is_large_list(have)):
+            raise AdapterError(f"{file}: column {name!r} (sequence) is {have}, not a list: give its "
+                               "separator in the spec when each cell joins the events (separator = \"^\")")
+        if categorical_key(pc.list_flatten(cols[name])[:0]).type != want:
+            try:
+                cols[name] = pc.cast(cols[name], pa.list_(want))
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+                raise AdapterError(f"{file}: column {name!r} (a sequence sharing the vocabulary of "
+                                   f"{share!r}) holds values that are not {want}, as those of {share!r} "
+                                   f"are: {e}") from None
+    return pa.RecordBatch.from_pydict(cols)
 
 
 @dataclass
@@ -129,7 +162,8 @@ def fit_encoders(spec: ImportSpec, chunks: Iterable[Chunk]) -> tuple[Encoders, d
     """Pass 1 over ``chunks``: vocabularies and statistics from train rows, counts from all rows."""
     fixed = {s.name: CategoryVocab(s.name, None, s.vocab, fixed=True) for s in spec.sparse if s.vocab}
     counters = {s.name: CategoryCounter(s.name, spec.hash_buckets) for s in [*spec.sparse, *spec.sequence]
-                if s.name not in fixed}
+                if s.name not in fixed and not getattr(s, "share", "")}
+    shared = {q.name: q.share for q in spec.sequence if q.share}  # events count into the item's vocabulary
     dense = {d.name: DenseStats() for d in spec.dense}
     surfaces: set[str] = set()
     split_rows = [0] * N_SPLITS
@@ -168,10 +202,14 @@ def fit_encoders(spec: ImportSpec, chunks: Iterable[Chunk]) -> tuple[Encoders, d
         tb = chunk.batch.filter(pa.array(train))
         for name, counter in counters.items():
             counter.update(tb.column(name))
+        for name, share in shared.items():
+            if share in counters:
+                counters[share].update(tb.column(name))
         for name, st in dense.items():
             st.update(_floats(tb.column(name)))
     force = {s.name for s in spec.sparse if s.hash}
     vocabs = {name: c.finish(spec.min_count, name in force) for name, c in counters.items()} | fixed
+    vocabs |= {name: vocabs[share] for name, share in shared.items()}
     names = sorted(surfaces) if spec.surface else ["all"]
     enc = Encoders(spec, vocabs, dense, names, split_rows, pa.array(names, pa.string()))
     return enc, {"label_sum": label_sum, "label_n": label_n, "ts_min": ts_min, "ts_max": ts_max}

@@ -52,6 +52,21 @@ def flat_values(arr: pa.Array | pa.ChunkedArray) -> pa.Array:
     return arr
 
 
+def split_cells(arr: pa.Array | pa.ChunkedArray, separator: str) -> pa.ListArray:
+    """A column whose cells hold lists joined by ``separator`` ("12^7^5") as a list<string> column: each
+    value trimmed of white space, empty values dropped (an empty or missing cell is an empty list)."""
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    lists = pc.split_pattern(pc.fill_null(pc.cast(arr, pa.string()), ""), pattern=separator)
+    flat = pc.utf8_trim_whitespace(pc.list_flatten(lists))
+    keep = pc.not_equal(flat, "").to_numpy(zero_copy_only=False)
+    parent = pc.list_parent_indices(lists).to_numpy(zero_copy_only=False)
+    counts = np.bincount(parent[keep], minlength=len(arr))
+    offsets = np.zeros(len(arr) + 1, np.int32)
+    np.cumsum(counts, out=offsets[1:])
+    return pa.ListArray.from_arrays(pa.array(offsets), flat.filter(pa.array(keep)))
+
+
 def categorical_key(arr: pa.Array) -> pa.Array:
     """Integers stay int64, everything else becomes strings, so that counting and lookup agree."""
     if pa.types.is_integer(arr.type) or pa.types.is_boolean(arr.type):
