@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from opengem.cli import main as cli_main
-from opengem.data.adapters.infer import load_spec
+from opengem.data.adapters.infer import SequenceSpec, SparseSpec, infer_share, load_spec
 from opengem.data.adapters.labels import LabelRule, LabelSyntaxError, parse_label
 from opengem.data.dataset import Dataset
 from opengem.model.heads import masked_bce
@@ -711,3 +711,16 @@ def test_separator_and_share_spec_errors_and_a_parquet_history_of_int_ids(tmp_pa
     err = capsys.readouterr().err
     assert "column 'hist' (a sequence sharing the vocabulary of 'ad') holds values that are not int64" in err
     assert err.count("\n") == 1
+
+
+def test_a_history_shares_the_named_feature_its_events_are_values_of() -> None:
+    """The name proposes (``item_id`` or its stem ``item`` in the history's name), the sampled values choose:
+    a user id whose numbers overlap less loses to the item id; events of no named feature share nothing."""
+    sample = pa.record_batch({"item_id": ["1", "2", "3", "4"], "user_id": ["1", "2", "3", "9"],
+                              "user_item_history": ["1^2", "3", "", "2^4"], "item_history": ["4", "", "", ""],
+                              "clicks": ["1^2", "3", "", ""], "user_history": ["7^8", "8", "", ""]})
+    sparse = [SparseSpec("user_id"), SparseSpec("item_id")]
+    got = {n: infer_share(sample, SequenceSpec(n, separator="^"), sparse)
+           for n in ("user_item_history", "item_history", "clicks", "user_history")}
+    assert got == {"user_item_history": "item_id", "item_history": "item_id", "clicks": "",
+                   "user_history": ""}

@@ -233,26 +233,32 @@ def _separator(sample: pa.RecordBatch | None, name: str) -> str:
     return ""
 
 
-def _shared_item(sample: pa.RecordBatch | None, seq: SequenceSpec, sparse: list[SparseSpec]) -> str:
-    """The sparse feature a history's events are ids of: the longest one whose name is part of the
-    history's (``item_id`` in ``hist_item_id``), where at least MIN_SHARED_OVERLAP of the sampled events'
-    distinct values are among its sampled values ("" when none; numbers alone would not tell a user id
-    from an item id, so the name decides and the sample only vetoes)."""
-    named = sorted((s for s in sparse if s.name in seq.name and not s.multi_valued),
+def infer_share(sample: pa.RecordBatch | None, seq: SequenceSpec, sparse: list[SparseSpec]) -> str:
+    """The sparse feature a history's events are ids of: the longest one whose name, or its name without
+    an ``_id``/``id`` ending, is part of the history's (``item_id`` in ``hist_item_id``, ``item`` in
+    ``item_history``) and among whose sampled values the most of the sampled events' distinct values are,
+    at least MIN_SHARED_OVERLAP of them ("" when none; numbers alone would not tell a user id from an item
+    id, so the name proposes and the sample chooses; without a sample, the longest name)."""
+    def stem(name: str) -> str:
+        cut = name.removesuffix("_id").removesuffix("id")
+        return cut if len(cut) >= 2 else name
+
+    named = sorted((s for s in sparse if stem(s.name) in seq.name and not s.multi_valued),
                    key=lambda s: -len(s.name))
     if not named or sample is None or seq.name not in sample.schema.names:
         return named[0].name if named else ""
     col = sample.column(seq.name)
     events = pc.list_flatten(split_cells(col, seq.separator)) if seq.separator else pc.list_flatten(col)
     events = pc.unique(pc.cast(events, pa.string()))
+    best, best_hit = "", 0
     for s in named:
         if s.name not in sample.schema.names or len(events) == 0:
             continue
         values = pc.unique(pc.cast(sample.column(s.name), pa.string()))
         hit = int(pc.sum(pc.cast(pc.is_in(events, value_set=values), pa.int64())).as_py() or 0)
-        if hit >= MIN_SHARED_OVERLAP * len(events):
-            return s.name
-    return ""
+        if hit >= MIN_SHARED_OVERLAP * len(events) and hit > best_hit:
+            best, best_hit = s.name, hit
+    return best
 
 
 def infer_spec(source: pa.Schema, name: str, labels: list[str], time: str = "", surface: str = "",
@@ -283,5 +289,5 @@ def infer_spec(source: pa.Schema, name: str, labels: list[str], time: str = "", 
         else:
             spec.ignore.append(f.name)  # timestamps, binary, structs: not a feature without a decision
     for q in spec.sequence:
-        q.share = _shared_item(sample, q, spec.sparse)
+        q.share = infer_share(sample, q, spec.sparse)
     return spec
