@@ -26,6 +26,7 @@ from opengem.cli import main as cli_main
 from opengem.data.adapters.infer import SequenceSpec, SparseSpec, infer_share, load_spec
 from opengem.data.adapters.labels import LabelRule, LabelSyntaxError, parse_label
 from opengem.data.dataset import Dataset
+from opengem.data.loader import ParquetLoader
 from opengem.model.heads import masked_bce
 from opengem.train.config import load_run_config
 from opengem.train.data import make_loader
@@ -344,6 +345,9 @@ def test_surface_column_and_two_labels_with_unobserved(tmp_path: Path) -> None:
     assert (t["surface"].to_numpy() == (eid % 3 == 0)).all()  # search (index 1) on every third row
     conv = t["conv"].to_numpy(zero_copy_only=False)
     assert np.isnan(conv[eid % 2 == 0]).all() and not np.isnan(conv[eid % 2 == 1]).any()
+    assert t["conv"].null_count == int((eid % 2 == 0).sum())  # null, not NaN: the loader refuses NaN labels
+    batch = next(iter(ParquetLoader(ds.files("@train"), ds.schema, 16, drop_last=False)))
+    assert 0 < int(batch.label_mask[:, 1].sum()) < 16 and bool(batch.label_mask[:, 0].all())
 
 
 def test_infer_never_overwrites_an_existing_spec(log_csv, tmp_path: Path, capsys) -> None:
@@ -724,3 +728,73 @@ def test_a_history_shares_the_named_feature_its_events_are_values_of() -> None:
            for n in ("user_item_history", "item_history", "clicks", "user_history")}
     assert got == {"user_item_history": "item_id", "item_history": "item_id", "clicks": "",
                    "user_history": ""}
+
+
+# --------------------------------------------------------------------------- new rows through fitted encoders
+def _log_with_surfaces(path: Path, n: int = 900) -> list[dict[str, str]]:
+    rng = np.random.default_rng(5)
+    rows = []
+    for i in range(n):
+        click = int(rng.random() < 0.3)
+        rows.append({"user": f"u{int(rng.zipf(1.5)) % 300}", "ad": str(int(rng.integers(0, 30))),
+                     "price": "" if rng.random() < 0.1 else f"{rng.normal(5, 2):.3f}",
+                     "hist_ad": "^".join(str(int(x)) for x in rng.integers(0, 30, int(rng.integers(0, 5)))),
+                     "place": ["feed", "search"][i % 2], "t": str(i), "click": str(click),
+                     "conv": str(int(rng.random() < 0.2)) if click else ""})
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    return rows
+
+
+def test_new_rows_through_the_fitted_encoders_equal_their_converted_twins(tmp_path: Path, capsys) -> None:
+    """`--encoders DATASET` re-encodes rows DATASET holds exactly as DATASET has them (ids, OOV rows,
+    standardised prices, histories, surfaces, labels; only the row numbers are new), keeps DATASET's schema
+    and encoders, writes a label column the new rows lack as unobserved, and refuses what it cannot do."""
+    rows = _log_with_surfaces(tmp_path / "log.csv")
+    base = tmp_path / "base"
+    assert convert("--src", str(tmp_path / "log.csv"), "--label", "click,conv", "--time", "t", "--surface",
+                   "place", "--infer-schema", "--out", str(base)) == 0
+    old = read(base, "test")
+    picked = old["example_id"].to_pylist()  # source row numbers
+    fields = list(rows[0])
+    unlabelled = [f for f in fields if f not in ("click", "conv")]
+    for name, keep in (("with_labels", fields), ("no_labels", unlabelled)):
+        with open(tmp_path / f"{name}.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=keep, extrasaction="ignore")
+            w.writeheader()
+            w.writerows(rows[r] for r in picked)
+        assert convert("--src", str(tmp_path / f"{name}.csv"), "--encoders", str(base), "--out",
+                       str(tmp_path / name)) == 0
+        new = read(tmp_path / name, "test")
+        assert new.num_rows == old.num_rows and read(tmp_path / name, "train").num_rows == 0
+        assert new["example_id"].to_pylist() == list(range(len(picked)))  # new rows, new row numbers
+        for c in [c for c in old.column_names if c not in ("example_id", "ts")]:
+            if name == "no_labels" and c in ("click", "conv"):
+                assert new[c].null_count == new.num_rows, c  # unobserved
+            else:
+                assert new[c].to_pylist() == old[c].to_pylist(), c
+        assert (tmp_path / name / "schema.toml").read_text() == (base / "schema.toml").read_text()
+        assert json.loads((tmp_path / name / "encoders.json").read_text()) == json.loads(
+            (base / "encoders.json").read_text())
+    assert 0 in old["user"].to_pylist() and old["conv"].null_count > 0  # OOV users and unobserved labels
+    summary = json.loads((tmp_path / "no_labels" / "summary.json").read_text())
+    assert summary["unobserved_labels"] == ["click", "conv"] and summary["encoders_from"] == str(base)
+    capsys.readouterr()
+    # a surface the encoders never saw: one line naming the file and row; nothing written
+    lines = (tmp_path / "with_labels.csv").read_text().splitlines()
+    lines[3] = lines[3].replace(",feed,", ",video,").replace(",search,", ",video,")
+    (tmp_path / "odd.csv").write_text("\n".join(lines) + "\n")
+    assert convert("--src", str(tmp_path / "odd.csv"), "--encoders", str(base), "--out",
+                   str(tmp_path / "o")) == 1
+    err = capsys.readouterr().err
+    assert "column 'place' (surface): 'video' at data row 2" in err and err.count("\n") == 1
+    assert not (tmp_path / "o").exists()
+    for args, where in ((["--encoders", str(base), "--label", "click"], "--label would fit or override"),
+                        (["--encoders", str(tmp_path / "nowhere")], "no encoders.json and schema.toml"),
+                        (["--split-name", "valid", "--label", "click", "--infer-schema"], "--split-name goes "
+                                                                                          "with --encoders")):
+        assert convert("--src", str(tmp_path / "odd.csv"), *args, "--out", str(tmp_path / "o")) == 2
+        err = capsys.readouterr().err
+        assert where in err and err.count("\n") == 1, err

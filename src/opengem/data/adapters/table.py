@@ -259,13 +259,19 @@ def write(job: TableJob, enc: Encoders, schema: FeatureSchema, out: Path) -> dic
     return oov
 
 
+def set_text_types(job: TableJob) -> None:
+    """CSV/TSV sources read ids as strings (robust to mixed blocks) and labels and dense values as float64."""
+    for src in job.sources.values():
+        if src.fmt in ("csv", "tsv"):
+            names = set(src.schema().names)
+            src.types = {**{c: pa.string() for c in names},
+                         **{r.column: pa.float64() for r in job.spec.label_rules if r.column in names},
+                         **{d.name: pa.float64() for d in job.spec.dense if d.name in names}}
+
+
 def convert_table(job: TableJob, out: str | Path, force: bool = False) -> dict[str, Any]:
     """Run the conversion; returns the summary written to summary.json."""
-    for src in job.sources.values():
-        if src.fmt in ("csv", "tsv"):  # ids as strings (robust to mixed blocks), numbers as float64
-            src.types = {**{c: pa.string() for c in src.schema().names},
-                         **{r.column: pa.float64() for r in job.spec.label_rules},
-                         **{d.name: pa.float64() for d in job.spec.dense}}
+    set_text_types(job)
     check_columns(job)
     bad = BadRows()
     enc, counts = fit(job, bad)
@@ -440,6 +446,10 @@ def job_from_args(args: argparse.Namespace) -> TableJob:
 
 def run(args: argparse.Namespace) -> int:
     check_target(args.out, args.force)  # refuse before reading the source, not after pass 1
+    if getattr(args, "encoders", None):
+        return _run_apply(args)
+    if getattr(args, "split_name", None):
+        raise UsageError("--split-name goes with --encoders DATASET (new rows into one split)")
     job = job_from_args(args)
     if args.infer_schema:
         out = Path(args.out)
@@ -461,6 +471,24 @@ def run(args: argparse.Namespace) -> int:
         print(f"convert table: warning: {', '.join(empty)}: no value occurs {job.spec.min_count}+ times in "
               "train (an id per row?), so every row uses the OOV row: list them under ignore in "
               f"{job.spec_path or 'the spec'}", file=sys.stderr)
+    if summary["bad_rows"]["total"]:
+        print(f"convert table: warning: skipped {summary['bad_rows']['total']} malformed source row(s): "
+              f"{bad_rows_line(summary['bad_rows'])}", file=sys.stderr)
+    return 0
+
+
+def _run_apply(args: argparse.Namespace) -> int:
+    from opengem.data.adapters.table_apply import apply_encoders, apply_job_from_args  # imports this module
+
+    a = apply_job_from_args(args)
+    summary = apply_encoders(a, args.out, force=args.force)
+    split = args.split_name or "test"
+    print(json.dumps({"out": str(args.out), "encoders_from": str(a.dataset), "split": split,
+                      "rows": summary["splits"][split]["rows"],
+                      "label_rates": summary["splits"][split]["label_rates"],
+                      "oov_share": summary["splits"][split]["oov_share"],
+                      "unobserved_labels": summary["unobserved_labels"],
+                      "bad_rows": summary["bad_rows"]["total"]}, indent=2))
     if summary["bad_rows"]["total"]:
         print(f"convert table: warning: skipped {summary['bad_rows']['total']} malformed source row(s): "
               f"{bad_rows_line(summary['bad_rows'])}", file=sys.stderr)

@@ -13,7 +13,7 @@ from opengem.data.adapters.table_split import MODES
 TABLE = "table"
 TABLE_ONLY = ("format", "label", "schema", "infer_schema", "schema_out", "columns", "time", "time_cuts",
               "split", "exact_holdout", "valid_frac", "test_frac", "seed", "surface", "min_count",
-              "hash_buckets", "table_name", "no_shuffle")
+              "hash_buckets", "table_name", "no_shuffle", "encoders", "split_name")
 TABLE_DEFAULTS = {"valid_frac": 0.1, "test_frac": 0.1, "seed": 0}
 
 
@@ -52,3 +52,9 @@ def table_arguments(parser: argparse.ArgumentParser) -> None:
                         f"{DEFAULT_HASH_BUCKETS})")
     g.add_argument("--name", dest="table_name", help="table: dataset name (default: the --out folder's name)")
     g.add_argument("--no-shuffle", action="store_true", help="table: keep the train rows in source order")
+    g.add_argument("--encoders", metavar="DATASET",
+                   help="table: new rows of the same log (the next day, to predict, evaluate or train on "
+                        "with a run of DATASET): encode them with DATASET's fitted vocabularies and "
+                        "statistics, fitting nothing, into one split of a dataset with DATASET's schema")
+    g.add_argument("--split-name", choices=("train", "valid", "test"), default=None,
+                   help="table, with --encoders: the split the new rows go into (default test)")

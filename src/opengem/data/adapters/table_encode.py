@@ -56,8 +56,9 @@ def prepare_lists(batch: pa.RecordBatch, spec: ImportSpec, file: Path | str = ""
     """``batch`` as the encoders read it: every column the spec reads with a ``separator`` split into lists
     (see split_cells), and each history that shares a sparse feature's vocabulary holding values of that
     feature's type (integers stay integers, so that counting, lookup and hashing agree)."""
-    seps = {s.name: s.separator for s in [*spec.sparse, *spec.sequence] if s.separator}
-    shared = {q.name: q.share for q in spec.sequence if q.share}
+    have = set(batch.schema.names)  # a pass may read only some columns (the time pass: one)
+    seps = {s.name: s.separator for s in [*spec.sparse, *spec.sequence] if s.separator and s.name in have}
+    shared = {q.name: q.share for q in spec.sequence if q.share and {q.name, q.share} <= have}
     if not seps and not shared:
         return batch
     cols = {f.name: batch.column(i) for i, f in enumerate(batch.schema)}
@@ -109,7 +110,13 @@ class Encoders:
         if self.spec.surface:
             col = pc.cast(b.column(self.spec.surface), pa.string())
             idx = pc.index_in(col, value_set=self.surface_values)
-            cols["surface"] = pc.fill_null(idx, 0).to_numpy(zero_copy_only=False).astype(np.int32)
+            if idx.null_count:  # rows the encoders were not fitted on (convert table --encoders)
+                j = int(np.flatnonzero(idx.is_null().to_numpy(zero_copy_only=False))[0])
+                value, known = col[j].as_py(), ", ".join(self.surfaces)
+                raise AdapterError(f"{chunk.file}: column {self.spec.surface!r} (surface): {value!r} at data "
+                                   f"row {int(chunk.rows[j])} (from 0, over the files in order) is not one "
+                                   f"of the surfaces the encoders know ({known})")
+            cols["surface"] = idx.to_numpy(zero_copy_only=False).astype(np.int32)
         else:
             cols["surface"] = np.zeros(n, np.int32)
         for s in self.spec.sparse:
@@ -134,7 +141,8 @@ class Encoders:
             ids = self.vocabs[q.name].encode(b.column(q.name))
             cols[f"{q.name}__id"] = tail_lists(ids, q.max_len)
         for rule in self.spec.label_rules:
-            cols[rule.name] = rule.apply(_floats(b.column(rule.column))).astype(np.float32)
+            y = rule.apply(_floats(b.column(rule.column))).astype(np.float32)
+            cols[rule.name] = pa.array(y, mask=np.isnan(y))  # not observed: null, as the contract has it
         return pa.table({f.name: cols[f.name] for f in _arrow_fields(schema)})
 
 
