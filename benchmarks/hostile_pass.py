@@ -149,6 +149,22 @@ def cases(w: Path) -> list[Case]:
     add(Case("convert: into a folder holding a dataset", ["convert", "avazu_head", "--src", str(AVAZU),
                                                           "--out", "Dcopy", "--limit", "500"],
              setup=lambda w: copy_tree(w / "D", w / "Dcopy"), needs="avazu"))
+    add(Case("convert table: --encoders of a dataset the importer did not write (the simulator's)",
+             ["convert", "table", "--src", "log.csv", "--encoders", D, "--out", "c6"], setup=_log_csv))
+    add(Case("convert table: --encoders, a surface the encoders never saw",
+             ["convert", "table", "--src", "log_odd.csv", "--encoders", "T", "--out", "c7"],
+             setup=_converted_log))
+    add(Case("convert table: --encoders with --label", ["convert", "table", "--src", "log.csv", "--encoders",
+                                                         "T", "--label", "click", "--out", "c8"],
+             setup=_converted_log))
+    add(Case("convert table: a spec whose history shares a feature it does not have",
+             ["convert", "table", "--src", "log.csv", "--schema", "bad_share.toml", "--out", "c9"],
+             setup=lambda w: (_log_csv(w), write(w / "bad_share.toml", 'name = "x"\nlabels = ["click"]\n'
+                                                 'sequence = [{ name = "hist", separator = "^", '
+                                                 'share = "nope" }]\n'))))
+    add(Case("convert table: a history of ints sharing a string-keyed feature that is not one",
+             ["convert", "table", "--src", "log.parquet", "--schema", "share_int.toml", "--out", "c10"],
+             setup=_int_history_parquet))
 
     # --- validate
     add(Case("validate: a good dataset (control)", ["validate", "--data", D], expect="ok"))
@@ -331,6 +347,33 @@ def _export(w: Path) -> Path:
 
 def _tamper(src: Path, dst: Path, name: str, data: bytes) -> None:
     write(copy_tree(src, dst) / name, data)
+
+
+def _log_csv(w: Path) -> None:
+    """A small click log with a '^'-joined history and two surfaces."""
+    lines = ["place,ad,hist,click"] + [f"{['feed', 'search'][i % 2]},a{i % 7},{i % 5}^{i % 3},{i % 2}"
+                                       for i in range(200)]
+    write(w / "log.csv", "\n".join(lines) + "\n")
+    write(w / "log_odd.csv", "\n".join([*lines[:50], "video,a1,1^2,1", *lines[50:]]) + "\n")
+
+
+def _converted_log(w: Path) -> None:
+    _log_csv(w)
+    if (w / "T" / "encoders.json").is_file():  # made by an earlier case
+        return
+    r = opengem(["convert", "table", "--src", "log.csv", "--label", "click", "--surface", "place",
+                 "--infer-schema", "--out", "T"], w, 120)
+    assert r.returncode == 0, r.stderr
+
+
+def _int_history_parquet(w: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"ad": pa.array([1, 2, 3] * 30, pa.int64()), "hist": ["1^2", "x^3", ""] * 30,
+                             "click": [1.0, 0.0, 0.0] * 30}), w / "log.parquet")
+    write(w / "share_int.toml", 'name = "p"\nlabels = ["click"]\nsparse = [{ name = "ad" }]\n'
+                                'sequence = [{ name = "hist", separator = "^", share = "ad" }]\n')
 
 
 def _cut_avazu(w: Path) -> None:
