@@ -46,6 +46,10 @@ def make_csv(path: Path, n: int = 2000, seed: int = 0) -> list[dict[str, str]]:
         rows.append({"user": str(int(rng.zipf(1.3)) % 5000), "ad": f"ad{rng.integers(0, 30)}",
                      "price": "" if rng.random() < 0.1 else f"{rng.normal(5, 2):.4f}",
                      "t": str(int(times[i])), "click": str(int(rng.random() < 0.2))})
+    return write_csv(path, rows)
+
+
+def write_csv(path: Path, rows: list[dict[str, str]]) -> list[dict[str, str]]:
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
@@ -392,11 +396,7 @@ def _ratings_csv(path: Path, n: int = 600) -> list[dict[str, str]]:
     rng = np.random.default_rng(4)
     rows = [{"user": str(int(rng.integers(0, 40))), "item": f"m{rng.integers(0, 25)}",
              "rating": "" if i % 50 == 7 else f"{rng.integers(1, 11) / 2:g}", "t": str(i)} for i in range(n)]
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    return rows
+    return write_csv(path, rows)
 
 
 def test_derived_labels_from_a_rating_column_and_spec_round_trip(tmp_path: Path) -> None:
@@ -643,11 +643,7 @@ def _history_csv(path: Path, n: int = 600) -> list[dict[str, str]]:
         rows.append({"user_id": str(int(rng.integers(0, 90))), "ad_id": str(int(rng.integers(0, 40))),
                      "hist_ad_id": "^".join(hist), "tags": " | ".join(tags),
                      "cat": "a|b" if i in (5, 77) else f"c{i % 9}", "click": str(int(rng.random() < 0.2))})
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    return rows
+    return write_csv(path, rows)
 
 
 def test_joined_histories_are_sequences_sharing_their_items_table(tmp_path: Path) -> None:
@@ -741,11 +737,7 @@ def _log_with_surfaces(path: Path, n: int = 900) -> list[dict[str, str]]:
                      "hist_ad": "^".join(str(int(x)) for x in rng.integers(0, 30, int(rng.integers(0, 5)))),
                      "place": ["feed", "search"][i % 2], "t": str(i), "click": str(click),
                      "conv": str(int(rng.random() < 0.2)) if click else ""})
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    return rows
+    return write_csv(path, rows)
 
 
 def test_new_rows_through_the_fitted_encoders_equal_their_converted_twins(tmp_path: Path, capsys) -> None:
