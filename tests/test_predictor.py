@@ -20,6 +20,7 @@ import torch
 from opengem.config import from_dict
 from opengem.data.dataset import Dataset
 from opengem.data.loader import ParquetLoader
+from opengem.data.schema import FeatureSchema
 from opengem.data.sim_config import SimConfig
 from opengem.data.simulate import simulate
 from opengem.model.registry import ModelConfig, build_model
@@ -52,6 +53,18 @@ def fm(data):
     """A small GEM on the full simulator schema."""
     path, _ = data
     schema = Dataset(path).schema
+    cfg = from_dict(ModelConfig, tomllib.loads((ROOT / "configs" / "tiny.toml").read_text())["model"])
+    return predictor(schema, cfg), path
+
+
+@pytest.fixture(scope="module")
+def fm_match(data):
+    """The same GEM on the simulator schema with history-vs-ad counts derived (category and item)."""
+    path, _ = data
+    d = Dataset(path).schema.to_dict()
+    d["match_features"] = [{"sequence": "hist", "field": "category", "feature": "ad_category", "recent": 4},
+                           {"sequence": "hist", "field": "item", "feature": "ad_id"}]
+    schema = FeatureSchema.from_dict(d, source="test")
     cfg = from_dict(ModelConfig, tomllib.loads((ROOT / "configs" / "tiny.toml").read_text())["model"])
     return predictor(schema, cfg), path
 
@@ -97,7 +110,7 @@ def assert_same_inputs(a, b, schema) -> None:
             assert torch.equal(sa.dense[k], sb.dense[k]), k
 
 
-@pytest.mark.parametrize("which", ["fm", "vm"])
+@pytest.mark.parametrize("which", ["fm", "vm", "fm_match"])
 def test_raw_rows_through_the_predictor_equal_the_loaders_rows(which, request, tmp_path):
     """Same rows, read by the training loader and sent raw to the Predictor: identical model inputs (the VM
     hashes ids past its capped tables and keeps the newest 4 events, in both) and identical scores."""
@@ -108,6 +121,9 @@ def test_raw_rows_through_the_predictor_equal_the_loaders_rows(which, request, t
     served, counts = p.encode([req])
     assert counts == [48]
     assert_same_inputs(served, loader_batch, p.schema)
+    if which == "fm_match":  # the derived counts are in both, and some rows' histories hold the ad's category
+        assert loader_batch.dense.shape[1] == p.schema.num_dense_inputs == len(p.schema.dense_input_names)
+        assert loader_batch.dense[:, -4].max() > 0
     if which == "vm":  # the repairs really happened on these rows
         caps = {x.name: x.vocab for x in p.schema.sparse}
         assert any(r["ad_id"] >= caps["ad_id"] for r in rows)

@@ -38,6 +38,7 @@ import pyarrow.parquet as pq
 from opengem.data.batch import Batch, SequenceBatch
 from opengem.data.commit import fsync_file
 from opengem.data.dataset import arrow_schema
+from opengem.data.match_features import first_values, match_feature_values
 from opengem.data.schema import FeatureSchema
 from opengem.data.time_features import time_feature_values
 from opengem.errors import OpengemError
@@ -783,6 +784,12 @@ def to_batch(cols: Columns, schema: FeatureSchema) -> Batch:
     if schema.time_features:  # derived here, the loader's and the Predictor's one path: no train/serve skew
         clock = time_feature_values(cols.scalars[schema.time_column], schema.time_features, schema.time_unit)
         dense = np.concatenate([dense, clock], axis=1)
+    if schema.match_features:  # likewise: history-vs-item counts (opengem.data.match_features)
+        parts = []
+        for m in schema.match_features:
+            ln, vals = cols.lists[schema.sequence(m.sequence).column(m.field)]
+            parts.append(match_feature_values(ln, vals, first_values(*cols.lists[m.feature]), m.recent))
+        dense = np.concatenate([dense, *parts], axis=1)
     if schema.sparse:
         keys = schema.sparse_names
         lengths = np.concatenate([cols.lists[k][0] for k in keys])

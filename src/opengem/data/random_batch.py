@@ -6,6 +6,7 @@ import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from opengem.data.batch import Batch, SequenceBatch
+from opengem.data.match_features import first_values, match_feature_values
 from opengem.data.schema import FeatureSchema
 from opengem.data.time_features import time_feature_values
 
@@ -47,6 +48,13 @@ def random_batch(
     if schema.time_features:  # derived from ts as to_batch derives them (a schema without any: same draws)
         clock = time_feature_values(ts.numpy(), schema.time_features, schema.time_unit)
         dense = torch.cat([dense, torch.from_numpy(clock)], dim=1)
+    if schema.match_features:  # likewise from the drawn ids
+        kjt = sparse.to_dict()
+        for m in schema.match_features:
+            sb = seqs[m.sequence]
+            target = first_values(kjt[m.feature].lengths().numpy(), kjt[m.feature].values().numpy())
+            got = match_feature_values(sb.lengths.numpy(), sb.ids[m.field].numpy(), target, m.recent)
+            dense = torch.cat([dense, torch.from_numpy(got)], dim=1)
     return Batch(
         dense=dense,
         sparse=sparse,

@@ -29,6 +29,7 @@ from typing import Any
 
 import tomli_w
 
+from opengem.data.match_features import MatchFeature, match_feature_names
 from opengem.data.time_features import TIME_FEATURES, TIME_UNITS, time_feature_names
 from opengem.errors import OpengemError
 
@@ -135,6 +136,7 @@ class FeatureSchema:
     on_error: str = "error"
     time_features: tuple[str, ...] = ()  # of TIME_FEATURES: (sin, cos) pairs derived from time_column
     time_unit: str = "s"  # of TIME_UNITS: the time column's ticks (Unix epoch, UTC)
+    match_features: tuple[MatchFeature, ...] = ()  # history-vs-item counts derived in to_batch
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     # ----------------------------------------------------------------- derived names
@@ -156,14 +158,19 @@ class FeatureSchema:
         return time_feature_names(self.time_features)
 
     @property
+    def match_feature_names(self) -> list[str]:
+        """The derived history-vs-item counts (:mod:`opengem.data.match_features`); not Parquet columns."""
+        return match_feature_names(self.match_features)
+
+    @property
     def dense_input_names(self) -> list[str]:
-        """The columns of ``Batch.dense``: the dense features, then the derived time features."""
-        return self.dense_names + self.time_feature_names
+        """The columns of ``Batch.dense``: the dense features, then the derived time and match features."""
+        return self.dense_names + self.time_feature_names + self.match_feature_names
 
     @property
     def num_dense_inputs(self) -> int:
         """Width of ``Batch.dense``: what every model, FLOP count and exported input is sized by."""
-        return len(self.dense) + len(self.time_feature_names)
+        return len(self.dense) + len(self.time_feature_names) + len(self.match_feature_names)
 
     def sequence(self, name: str) -> SequenceGroup:
         for g in self.sequences:
@@ -230,6 +237,8 @@ class FeatureSchema:
             d["time_features"] = list(self.time_features)
         if self.time_features or self.time_unit != "s":
             d["time_unit"] = self.time_unit
+        if self.match_features:
+            d["match_features"] = [_asdict(m) for m in self.match_features]
         if self.extra:
             d["extra"] = dict(self.extra)
         return d
@@ -296,6 +305,7 @@ def _parse_schema(d: dict[str, Any], src: str) -> FeatureSchema:
             "name": str, "surfaces": list, "surface_column": str, "time_column": str,
             "example_id_column": str, "on_error": str, "sparse": list, "dense": list,
             "sequence": list, "task": list, "extra": dict, "time_features": list, "time_unit": str,
+            "match_features": list,
         },
         src,
         required=("name", "surfaces", "task"),
@@ -387,6 +397,9 @@ def _parse_schema(d: dict[str, Any], src: str) -> FeatureSchema:
     _check_choice(time_unit, tuple(TIME_UNITS), f"{src}: time_unit")
     for name in time_feature_names(time_features):
         claim(name, f"{src}: time_features (derived input)")
+    match_features = _parse_match_features(top.get("match_features", []), src, sparse, groups)
+    for name in match_feature_names(match_features):
+        claim(name, f"{src}: match_features (derived input)")
 
     tasks = []
     if not top["task"]:
@@ -420,10 +433,41 @@ def _parse_schema(d: dict[str, Any], src: str) -> FeatureSchema:
         on_error=on_error,
         time_features=time_features,
         time_unit=time_unit,
+        match_features=match_features,
         extra=dict(top.get("extra", {})),
     )
     schema.tables()  # validates shared-table dims
     return schema
+
+
+def _parse_match_features(value: list[Any], src: str, sparse: list[SparseFeature],
+                          groups: list[SequenceGroup]) -> tuple[MatchFeature, ...]:
+    """``match_features`` entries; each pairs a sequence id field with a single-valued sparse feature on
+    the same table (else equal ids would not be the same value)."""
+    out = []
+    for i, m in enumerate(value):
+        where = f"{src}: match_features[{i}]"
+        if not isinstance(m, dict):
+            raise SchemaError(f"{where}: expected a table {{ sequence, field, feature, recent }}, got {m!r}")
+        m = _take(m, {"sequence": str, "field": str, "feature": str, "recent": int}, where,
+                  ("sequence", "field", "feature"))
+        group = next((g for g in groups if g.name == m["sequence"]), None)
+        if group is None:
+            raise SchemaError(f"{where}.sequence: no sequence group {m['sequence']!r}")
+        fld = next((f for f in group.id_fields if f.name == m["field"]), None)
+        if fld is None:
+            raise SchemaError(f"{where}.field: {m['field']!r} is not an id field of {group.name!r} "
+                              f"({', '.join(f.name for f in group.id_fields)})")
+        feat = next((f for f in sparse if f.name == m["feature"]), None)
+        if feat is None or feat.multi_valued:
+            raise SchemaError(f"{where}.feature: {m['feature']!r} is not a single-valued sparse feature")
+        if feat.table_name != fld.table_name:
+            raise SchemaError(f"{where}: {feat.name!r} (table {feat.table_name!r}) and {group.name}."
+                              f"{fld.name} (table {fld.table_name!r}) do not share a table, so equal ids "
+                              "are not the same value")
+        _check_positive(m.get("recent", 8), f"{where}.recent")
+        out.append(MatchFeature(m["sequence"], m["field"], m["feature"], m.get("recent", 8)))
+    return tuple(out)
 
 
 def _parse_time_features(value: list[Any], src: str) -> tuple[str, ...]:
