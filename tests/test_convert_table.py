@@ -23,10 +23,18 @@ import pytest
 import torch
 
 from opengem.cli import main as cli_main
-from opengem.data.adapters.infer import SequenceSpec, SparseSpec, infer_share, load_spec
+from opengem.data.adapters.infer import (
+    ImportSpec,
+    SequenceSpec,
+    SparseSpec,
+    check_spec,
+    infer_share,
+    load_spec,
+)
 from opengem.data.adapters.labels import LabelRule, LabelSyntaxError, parse_label
 from opengem.data.dataset import Dataset
 from opengem.data.loader import ParquetLoader
+from opengem.data.schema import SchemaError
 from opengem.model.heads import masked_bce
 from opengem.train.config import load_run_config
 from opengem.train.data import make_loader
@@ -673,6 +681,17 @@ def test_joined_histories_are_sequences_sharing_their_items_table(tmp_path: Path
         assert len(hist) == len(want) and k == len([x for x in rows[r]["tags"].split("|") if x.strip()])
         assert all(ad_of[v] == h for v, h in zip(want, hist) if v in ad_of and ad_of[v] != 0)
     assert 0 in tag_lens and 0 in [len(x) for x in t["hist_ad_id__id"].to_pylist()]
+    # match_recent = k on the shared history declares the schema's counts of events equal to the ad
+    for q in spec.sequence:
+        q.match_recent = 4 if q.share else 0
+    spec.save(tmp_path / "m.toml")
+    assert convert("--src", str(tmp_path / "h.csv"), "--schema", str(tmp_path / "m.toml"), "--out",
+                   str(tmp_path / "m")) == 0
+    matched = Dataset(tmp_path / "m").schema
+    assert [(m.sequence, m.field, m.feature, m.recent) for m in matched.match_features] == [
+        ("hist_ad_id", "id", "ad_id", 4)]
+    batch = next(iter(ParquetLoader(Dataset(tmp_path / "m").files("@train"), matched, 64, drop_last=False)))
+    assert batch.dense.shape == (64, 2) and batch.dense[:, 0].max() > 0
 
 
 def test_separator_and_share_spec_errors_and_a_parquet_history_of_int_ids(tmp_path: Path, capsys) -> None:
@@ -790,3 +809,12 @@ def test_new_rows_through_the_fitted_encoders_equal_their_converted_twins(tmp_pa
         assert convert("--src", str(tmp_path / "odd.csv"), *args, "--out", str(tmp_path / "o")) == 2
         err = capsys.readouterr().err
         assert where in err and err.count("\n") == 1, err
+
+
+def test_match_recent_needs_a_shared_history() -> None:
+    spec = ImportSpec(name="x", labels=["click"], sparse=[SparseSpec("ad")],
+                      sequence=[SequenceSpec("tags", separator="|", match_recent=2)])
+    with pytest.raises(SchemaError, match=r"sequence\[0\].match_recent must be .* > 0 only with share"):
+        check_spec(spec, "spec")
+    spec.sequence[0].share = "ad"
+    check_spec(spec, "spec")

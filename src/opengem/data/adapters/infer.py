@@ -49,7 +49,8 @@ HEADER = ("# opengem convert table: import spec. Edit it (kinds, dims, transform
           "# an empty time or example_id means 'generated from the row number';\n"
           "# exact_holdout = true holds out exactly round(frac * rows) rows (--exact-holdout);\n"
           "# separator: a text column holding a list per cell ('12^7^5', oldest first) is split on it;\n"
-          "# share: the sparse feature whose vocabulary and table a sequence's events use.\n")
+          "# share: the sparse feature whose vocabulary and table a sequence's events use; match_recent = k\n"
+          "# (with share): count the events equal to it, all and among the latest k (docs/DATA.md).\n")
 
 
 @dataclass
@@ -76,6 +77,7 @@ class SequenceSpec:
     dim: int = 0
     separator: str = ""  # a text cell holds the history joined by it ("12^7^5", oldest first); "": a list
     share: str = ""  # a sparse feature whose vocabulary and table the events use (a history of ad ids: "ad")
+    match_recent: int = 0  # with share, k > 0: the schema's match_features count the events equal to it
 
 
 @dataclass
@@ -192,6 +194,9 @@ def check_spec(spec: ImportSpec, where: str) -> None:
             raise SchemaError(f"{where}: sequence[{i}].max_len must be an integer >= 1")
     sparse_names = {s.name for s in spec.sparse}
     for i, q in enumerate(spec.sequence):
+        if not isinstance(q.match_recent, int) or q.match_recent < 0 or (q.match_recent and not q.share):
+            raise SchemaError(f"{where}: sequence[{i}].match_recent must be an integer >= 0, and > 0 only "
+                              f"with share (got {q.match_recent!r}, share {q.share!r})")
         if not isinstance(q.share, str) or (q.share and q.share not in sparse_names):
             raise SchemaError(f"{where}: sequence[{i}].share: {q.share!r} is not a sparse feature of the "
                               f"spec ({', '.join(sorted(sparse_names)) or 'none'})")

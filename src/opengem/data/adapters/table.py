@@ -206,9 +206,11 @@ def output_schema(job: TableJob, enc: Encoders) -> FeatureSchema:
             table, dim = tables[q.share].get("table", q.share), tables[q.share]["dim"]
         seqs.append({"name": q.name, "max_len": q.max_len, "on_overflow": "truncate",
                      "fields": [{"name": "id", "vocab": size, "dim": dim, "table": table}]})
+    matches = [{"sequence": q.name, "field": "id", "feature": q.share, "recent": q.match_recent}
+               for q in spec.sequence if q.share and q.match_recent]
     return FeatureSchema.from_dict({
         "name": spec.name, "surfaces": enc.surfaces, "sparse": sparse, "dense": dense, "sequence": seqs,
-        "task": [{"name": c} for c in spec.task_names],
+        "task": [{"name": c} for c in spec.task_names], **({"match_features": matches} if matches else {}),
     }, source=f"convert table {spec.name}")
 
 
