@@ -240,3 +240,31 @@ def test_click_terms_make_up_the_true_logit_and_id_weight_scales_per_id_terms():
         per_id = np.abs(terms["id_latent"]) + np.abs(terms["user_bias"]) + np.abs(terms["ad_bias"])
         assert (per_id.max() == 0) == (idw == 0)
         assert terms["cross2"].std() > 0.2 and terms["engaged"].max() > 0
+
+
+def test_match_recent_declares_counts_without_changing_a_row(tmp_path):
+    """data.sim.match_recent = k: the schema's match_features (ad vs history items, category vs history
+    categories, latest k); the rows are those of the same config without them, and the loader's batches carry
+    the counts after the clock."""
+    from opengem.data.loader import ParquetLoader
+    from opengem.data.match_features import first_values, match_feature_values
+
+    plain, counted = small(rows=600), small(rows=600, match_recent=4)
+    s = sim_schema(counted)
+    assert [(m.field, m.feature, m.recent) for m in s.match_features] == [("item", "ad_id", 4),
+                                                                          ("category", "ad_category", 4)]
+    assert s.num_dense_inputs == sim_schema(plain).num_dense_inputs + 4
+    simulate(plain, tmp_path / "a")
+    simulate(counted, tmp_path / "b")
+    rows_a, rows_b = (data_bytes(tmp_path / x) for x in "ab")
+    assert rows_a.pop("schema.toml") != rows_b.pop("schema.toml") and rows_a == rows_b
+    ds = Dataset(tmp_path / "b")
+    b = next(iter(ParquetLoader(ds.files("@all"), ds.schema, 64, drop_last=False)))
+    kjt = b.sparse.to_dict()
+    hist = b.sequences["hist"]
+    want = match_feature_values(hist.lengths.numpy(), hist.ids["category"].numpy(),
+                                first_values(kjt["ad_category"].lengths().numpy(),
+                                             kjt["ad_category"].values().numpy()), 4)
+    assert np.array_equal(b.dense[:, -2:].numpy(), want) and want[:, 0].max() > 0
+    with pytest.raises(SimConfigError, match="match_recent"):
+        SimConfig.from_dict({"match_recent": -1})

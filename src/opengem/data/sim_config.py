@@ -13,6 +13,7 @@ from typing import Any
 
 from opengem.config import ConfigError
 from opengem.config import from_dict as config_from_dict
+from opengem.data.match_features import MatchFeature
 from opengem.data.schema import (
     DenseFeature,
     FeatureSchema,
@@ -103,6 +104,11 @@ class SimConfig:
     # others (0 = the surface table's own weights only)
     surface_signal_contrast: float = 0.0
 
+    # > 0: the schema declares match_features (opengem.data.match_features) of the history against the ranked
+    # ad -- hist.item vs ad_id and hist.category vs ad_category, all events and the latest k -- derived when
+    # batches are built. A pipeline's feature, not a generative parameter: the rows do not change.
+    match_recent: int = 0
+
     def validate(self, where: str = "") -> None:
         """Refuse a config the simulator cannot run, naming the key (under ``where``, e.g. ``data.sim``)."""
 
@@ -112,6 +118,7 @@ class SimConfig:
                 raise SimConfigError(f"{name}: {msg} (got {getattr(self, key)!r})")
 
         need(self.rows > 0, "rows", "must be > 0")
+        need(self.match_recent >= 0, "match_recent", "must be >= 0 (0: no match features)")
         need(self.days > 0, "days", "must be > 0")
         need(self.surfaces >= 1, "surfaces", "must be >= 1")
         for k in ("users", "ads", "advertisers", "topics", "objectives", "formats", "age_buckets",
@@ -199,6 +206,9 @@ def sim_schema(cfg: SimConfig) -> FeatureSchema:
         dense=dense,
         sequences=(hist,),
         time_features=clock,
+        match_features=tuple(MatchFeature("hist", f, feature, cfg.match_recent)
+                             for f, feature in (("item", "ad_id"), ("category", "ad_category"))
+                             if cfg.match_recent),
         extra={"generator": "opengem.data.simulate", "seed": cfg.seed,
                "truth_columns": "p_click, p_conversion in truth/"},
     )
