@@ -66,9 +66,9 @@ def prepare_lists(batch: pa.RecordBatch, spec: ImportSpec, file: Path | str = ""
         cols[name] = split_cells(cols[name], sep)
     for name, share in shared.items():
         want = categorical_key(cols[share][:0]).type
-        have = cols[name].type
-        if not (pa.types.is_list(have) or pa.types.is_large_list(have)):
-            raise AdapterError(f"{file}: column {name!r} (sequence) is {have}, not a list: give its "
+        kind = cols[name].type
+        if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)):
+            raise AdapterError(f"{file}: column {name!r} (sequence) is {kind}, not a list: give its "
                                "separator in the spec when each cell joins the events (separator = \"^\")")
         if categorical_key(pc.list_flatten(cols[name])[:0]).type != want:
             try:
