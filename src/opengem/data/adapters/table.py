@@ -393,13 +393,18 @@ def _labels(text: str | None) -> list[str]:
         raise UsageError(f"--label {text}: {e}") from None
 
 
-def job_from_args(args: argparse.Namespace) -> TableJob:
-    if not args.format:  # a name such as clicks.csv says it; --format when names say none or disagree
-        args.format = format_from_names([s.split("=", 1)[1] if s.split("=", 1)[0] in SPLITS else s
-                                         for s in args.src or []])
-    if not args.format:
+def source_format(args: argparse.Namespace) -> str:
+    """--format, else the one format the --src names say (clicks.csv); a UsageError when they say none."""
+    fmt = args.format or format_from_names([s.split("=", 1)[1] if s.split("=", 1)[0] in SPLITS else s
+                                            for s in args.src or []])
+    if not fmt:
         raise UsageError("convert table: --format csv|tsv|parquet|libsvm is required (the --src names do not "
                          "say one format)")
+    return fmt
+
+
+def job_from_args(args: argparse.Namespace) -> TableJob:
+    args.format = source_format(args)
     if bool(args.schema) == bool(args.infer_schema):
         raise UsageError("convert table: give exactly one of --schema S.toml and --infer-schema")
     for name in ("valid_frac", "test_frac"):

@@ -26,8 +26,16 @@ from tqdm import tqdm
 
 from opengem.data.adapters.common import AdapterError, BadRows
 from opengem.data.adapters.encoders_io import ENCODERS_FILE, encoders_from_dict, read_encoders, write_encoders
-from opengem.data.adapters.sources import Source, expand, format_from_names
-from opengem.data.adapters.table import TableJob, build_summary, check_columns, set_text_types, stream, write
+from opengem.data.adapters.sources import Source, expand
+from opengem.data.adapters.table import (
+    TableJob,
+    build_summary,
+    check_columns,
+    set_text_types,
+    source_format,
+    stream,
+    write,
+)
 from opengem.data.adapters.table_encode import Encoders, fit_encoders
 from opengem.data.adapters.table_split import SPLITS, SplitRule
 from opengem.data.commit import staged_dir
@@ -71,10 +79,7 @@ def apply_job_from_args(args: argparse.Namespace) -> ApplyJob:
     if any(s.split("=", 1)[0] in SPLITS and "=" in s for s in srcs):
         raise UsageError("convert table --encoders: every row goes into --split-name; give --src PATH, "
                          "not SPLIT=PATH")
-    fmt = args.format or format_from_names(srcs)
-    if not fmt:
-        raise UsageError("convert table: --format csv|tsv|parquet|libsvm is required (the --src names do not "
-                         "say one format)")
+    fmt = source_format(args)
     columns = [c.strip() for c in args.columns.split(",")] if args.columns else None
     source = Source([f for s in srcs for f in expand(s)], fmt, columns)
     have = set(source.schema().names)
