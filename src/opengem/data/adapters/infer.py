@@ -189,11 +189,10 @@ def check_spec(spec: ImportSpec, where: str) -> None:
         if d.transform not in TRANSFORMS:
             raise SchemaError(f"{where}: dense[{i}].transform: {d.transform!r} is not one of "
                               f"{', '.join(TRANSFORMS)}")
+    sparse_names = {s.name for s in spec.sparse}
     for i, q in enumerate(spec.sequence):
         if not isinstance(q.max_len, int) or q.max_len < 1:
             raise SchemaError(f"{where}: sequence[{i}].max_len must be an integer >= 1")
-    sparse_names = {s.name for s in spec.sparse}
-    for i, q in enumerate(spec.sequence):
         if not isinstance(q.match_recent, int) or q.match_recent < 0 or (q.match_recent and not q.share):
             raise SchemaError(f"{where}: sequence[{i}].match_recent must be an integer >= 0, and > 0 only "
                               f"with share (got {q.match_recent!r}, share {q.share!r})")
@@ -286,8 +285,8 @@ def infer_spec(source: pa.Schema, name: str, labels: list[str], time: str = "", 
                 spec.sequence.append(SequenceSpec(f.name))
         elif (pa.types.is_floating(t) or pa.types.is_decimal(t)) and not _integer_text(sample, f.name):
             spec.dense.append(DenseSpec(f.name))
-        elif (pa.types.is_string(t) or pa.types.is_large_string(t)) and _separator(sample, f.name):
-            spec.sequence.append(SequenceSpec(f.name, separator=_separator(sample, f.name)))
+        elif (pa.types.is_string(t) or pa.types.is_large_string(t)) and (sep := _separator(sample, f.name)):
+            spec.sequence.append(SequenceSpec(f.name, separator=sep))
         elif (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_string(t)
               or pa.types.is_large_string(t) or pa.types.is_boolean(t) or pa.types.is_dictionary(t)):
             spec.sparse.append(SparseSpec(f.name))
