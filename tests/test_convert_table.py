@@ -23,6 +23,7 @@ import pytest
 import torch
 
 from opengem.cli import main as cli_main
+from opengem.data.adapters import vocab
 from opengem.data.adapters.infer import (
     ImportSpec,
     SequenceSpec,
@@ -759,14 +760,23 @@ def _log_with_surfaces(path: Path, n: int = 900) -> list[dict[str, str]]:
     return write_csv(path, rows)
 
 
-def test_new_rows_through_the_fitted_encoders_equal_their_converted_twins(tmp_path: Path, capsys) -> None:
+def test_new_rows_through_the_fitted_encoders_equal_their_converted_twins(tmp_path: Path, capsys,
+                                                                          monkeypatch) -> None:
     """`--encoders DATASET` re-encodes rows DATASET holds exactly as DATASET has them (ids, OOV rows,
     standardised prices, histories, surfaces, labels; only the row numbers are new), keeps DATASET's schema
-    and encoders, writes a label column the new rows lack as unobserved, and refuses what it cannot do."""
+    and encoders, writes a label column the new rows lack as unobserved, and refuses what it cannot do.
+    Its first pass only counts: no value of the new rows is tallied into a vocabulary it would throw away,
+    also when they go to the train split."""
     rows = _log_with_surfaces(tmp_path / "log.csv")
     base = tmp_path / "base"
     assert convert("--src", str(tmp_path / "log.csv"), "--label", "click,conv", "--time", "t", "--surface",
                    "place", "--infer-schema", "--out", str(base)) == 0
+
+    def no_tally(*_a, **_k):
+        raise AssertionError("convert table --encoders tallied values into a vocabulary")
+
+    monkeypatch.setattr(vocab.CategoryCounter, "update", no_tally)
+    monkeypatch.setattr(vocab.DenseStats, "update", no_tally)
     old = read(base, "test")
     picked = old["example_id"].to_pylist()  # source row numbers
     fields = list(rows[0])
@@ -789,6 +799,9 @@ def test_new_rows_through_the_fitted_encoders_equal_their_converted_twins(tmp_pa
         assert (tmp_path / name / "schema.toml").read_text() == (base / "schema.toml").read_text()
         assert json.loads((tmp_path / name / "encoders.json").read_text()) == json.loads(
             (base / "encoders.json").read_text())
+    assert convert("--src", str(tmp_path / "no_labels.csv"), "--encoders", str(base), "--split-name", "train",
+                   "--out", str(tmp_path / "as_train")) == 0
+    assert read(tmp_path / "as_train", "train")["ad"].to_pylist() == old["ad"].to_pylist()
     assert 0 in old["user"].to_pylist() and old["conv"].null_count > 0  # OOV users and unobserved labels
     summary = json.loads((tmp_path / "no_labels" / "summary.json").read_text())
     assert summary["unobserved_labels"] == ["click", "conv"] and summary["encoders_from"] == str(base)

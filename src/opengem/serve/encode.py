@@ -39,7 +39,14 @@ from opengem.data.schema import FeatureSchema
 from opengem.data.time_features import TIME_UNITS
 from opengem.serve.arrow_io import arrow_rows
 from opengem.serve.errors import BadRequest
-from opengem.serve.table_codec import TABLE, encode_raw, encoders_from_json, raw_batch, raw_columns
+from opengem.serve.table_codec import (
+    TABLE,
+    encode_raw,
+    encoders_from_json,
+    raw_batch,
+    raw_columns,
+    raw_separators,
+)
 
 REQUEST = "request"  # the "file" named in the loader's problem messages
 DEFAULT_MAX_CANDIDATES = 4096
@@ -53,6 +60,7 @@ class _Column:
     name: str
     kind: str  # "id" | "ids" | "float" | "floats"; raw source values: "cat" | "cats" (ids or strings), "num"
     max_len: int = 0  # sequences: the declared max_len (longer is the schema's on_overflow)
+    separator: str = ""  # raw "cats": a joined cell ("12^7^5") is also a value (table_codec.split_joined)
 
 
 def request_columns(schema: FeatureSchema) -> dict[str, _Column]:
@@ -96,8 +104,11 @@ def _check_value(col: _Column, v: Any, where: str) -> Any:
         if not _is_number(v):
             raise BadRequest(f"{where}: feature {col.name!r} takes a number, got {type(v).__name__}")
         return float(v)
+    if col.separator and isinstance(v, str):
+        return v  # raw_batch splits it as the importer does
     if not isinstance(v, (list, tuple)):
-        raise BadRequest(f"{where}: feature {col.name!r} takes a list, got {type(v).__name__}")
+        joined = f" or a cell joined by {col.separator!r}" if col.separator else ""
+        raise BadRequest(f"{where}: feature {col.name!r} takes a list{joined}, got {type(v).__name__}")
     ok = {"ids": _is_int, "floats": _is_number, "cats": _is_cat}[col.kind]
     bad = [x for x in v if not ok(x)]
     if bad:
@@ -182,7 +193,9 @@ class RequestEncoder:
         if encoding is not None and encoding.get("kind") == TABLE:  # raw source values: the importer's
             self.table = encoders_from_json(dict(encoding))
             self.text_columns = frozenset(str(c) for c in encoding.get("text_columns") or ())
-            self.columns = {k: _Column(k, kind) for k, kind in raw_columns(self.table).items()}
+            seps = raw_separators(self.table)
+            self.columns = {k: _Column(k, kind, separator=seps.get(k, ""))
+                            for k, kind in raw_columns(self.table).items()}
         else:  # raw values are the canonical ones (ids, as the simulator writes them)
             self.columns = request_columns(schema)
         self._candidate_names = frozenset(self.columns)  # an Arrow body with all of them: _merged_arrow

@@ -23,7 +23,8 @@ import pyarrow as pa
 from opengem.data.adapters.common import AdapterError
 from opengem.data.adapters.encoders_io import KIND, encoders_from_dict, encoders_to_dict
 from opengem.data.adapters.table_encode import Chunk, Encoders
-from opengem.serve.errors import ArtifactError
+from opengem.data.adapters.vocab import split_cells
+from opengem.serve.errors import ArtifactError, BadRequest
 
 TABLE = KIND
 
@@ -54,18 +55,60 @@ def raw_columns(enc: Encoders) -> dict[str, str]:
     return cols
 
 
+def raw_separators(enc: Encoders) -> dict[str, str]:
+    """Source column -> the separator its cells join a list with (the spec's ``separator``): a request may
+    give such a value as the log holds it ("12^7^5") or as a list."""
+    return {s.name: s.separator for s in [*enc.spec.sparse, *enc.spec.sequence] if s.separator}
+
+
+def _read_as_text(enc: Encoders, name: str, text_columns: frozenset[str]) -> bool:
+    vocab = enc.vocabs.get(name)
+    return name in text_columns or (
+        vocab is not None and vocab.values is not None and pa.types.is_string(vocab.values.type))
+
+
+def split_joined(enc: Encoders, name: str, rows: list[Any], text_columns: frozenset[str]) -> list[Any]:
+    """``rows`` of a column with a separator, each joined cell ("12^7^5") split as the importer splits it
+    (each value trimmed, empty ones dropped) and typed as it types them: a history sharing an integer
+    feature's vocabulary holds integers, any other list text. Lists stay lists."""
+    sep = raw_separators(enc)[name]
+    share = next((q.share for q in enc.spec.sequence if q.name == name), "")
+    as_int = bool(share) and not _read_as_text(enc, share, text_columns)
+    joined = [i for i, r in enumerate(rows) if isinstance(r, str)]
+    if not joined:
+        return rows
+    out = list(rows)
+    cells = split_cells(pa.array([rows[i] for i in joined], pa.string()), sep).to_pylist()
+    for i, cell in zip(joined, cells):
+        if as_int:
+            cell = [_integer(x, name, share, i) for x in cell]
+        out[i] = cell
+    return out
+
+
+def _integer(token: str, name: str, share: str, row: int) -> int:
+    try:
+        return int(token)
+    except ValueError:
+        raise BadRequest(f"feature {name!r}: {token!r} in a joined cell (candidate {row}) is not an integer, "
+                         f"as the values of {share!r}, whose vocabulary it shares, are") from None
+
+
 def raw_batch(enc: Encoders, values: dict[str, list[Any]], surface: str, n: int,
               text_columns: frozenset[str] = frozenset()) -> pa.RecordBatch:
     """The request's raw rows as a source RecordBatch in the importer's column types: categorical values
     as the vocabulary keeps them (text-read sources keep strings; ``text_columns``: columns the sources
-    held as text, so that a hashed one hashes a raw number's text as the importer did), numbers as
-    float64, labels unobserved."""
+    held as text, so that a hashed one hashes a raw number's text as the importer did), joined cells
+    split (:func:`split_joined`), numbers as float64, labels unobserved."""
     cols: dict[str, pa.Array] = {}
+    joined = raw_separators(enc)
+    shares = {q.name: q.share for q in enc.spec.sequence if q.share}
     for name, kind in raw_columns(enc).items():
         v = values[name]
-        vocab = enc.vocabs.get(name)
-        as_text = name in text_columns or (
-            vocab is not None and vocab.values is not None and pa.types.is_string(vocab.values.type))
+        if name in joined:
+            v = split_joined(enc, name, list(v), text_columns)
+        # a history sharing a feature's vocabulary is read as that feature is (prepare_lists casts it)
+        as_text = _read_as_text(enc, shares.get(name, name), text_columns)
         if kind == "num":
             cols[name] = pa.array(v, pa.float64())
         elif kind == "cat":

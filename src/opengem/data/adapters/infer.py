@@ -216,10 +216,13 @@ def check_spec(spec: ImportSpec, where: str) -> None:
 
 
 def _integer_text(sample: pa.RecordBatch | None, name: str) -> bool:
-    """True when every non-empty sample value of a column is written as an integer (no '.', no 'e')."""
+    """True when every non-empty sample value of a column is written as an integer (no '.', no 'e'); a
+    sample read with types (Parquet) keeps its floats."""
     if sample is None or name not in sample.schema.names:
         return False
     col = sample.column(name).drop_null()
+    if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
+        return False
     return len(col) > 0 and bool(pc.all(pc.match_substring_regex(col, r"^\s*-?\d+\s*$")).as_py())
 
 
@@ -228,7 +231,7 @@ def _separator(sample: pa.RecordBatch | None, name: str) -> str:
     values and MIN_SEPARATED_SHARE of the non-empty ones hold it."""
     if sample is None or name not in sample.schema.names:
         return ""
-    col = sample.column(name).drop_null()
+    col = pc.cast(sample.column(name).drop_null(), pa.string())
     col = col.filter(pc.not_equal(col, ""))
     for sep in SEPARATORS:
         k = int(pc.sum(pc.cast(pc.match_substring(col, sep), pa.int64())).as_py() or 0) if len(col) else 0
@@ -268,8 +271,10 @@ def infer_share(sample: pa.RecordBatch | None, seq: SequenceSpec, sparse: list[S
 def infer_spec(source: pa.Schema, name: str, labels: list[str], time: str = "", surface: str = "",
                min_count: int = DEFAULT_MIN_COUNT, hash_buckets: int = DEFAULT_HASH_BUCKETS,
                sample: pa.RecordBatch | None = None) -> ImportSpec:
-    """An import spec from the source's column types (see the module docstring); ``sample`` (CSV text)
-    turns a 'float' column written as integers too large for int64 (a uint64 id) into a sparse one."""
+    """An import spec from the source's column types (see the module docstring); ``sample`` (the first
+    rows: CSV as text, Parquet as stored) turns a 'float' column written as integers too large for int64 (a
+    uint64 id) into a sparse one, finds the text columns whose cells join lists, and the feature whose
+    values each history's events are."""
     example_id = "example_id" if "example_id" in source.names else ""
     roles = {*(parse_label(t).column for t in labels), time, surface, example_id}
     spec = ImportSpec(name=name, labels=list(labels), time=time, surface=surface, example_id=example_id,

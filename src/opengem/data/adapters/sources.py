@@ -32,6 +32,7 @@ from opengem.errors import UsageError
 
 FORMATS = ("csv", "tsv", "parquet", "libsvm")
 BLOCK_BYTES = 8 << 20
+SAMPLE_ROWS = 65536  # --infer-schema's look at a Parquet source
 PARQUET_BATCH = 131_072
 LIBSVM_SCHEMA = pa.schema([("label", pa.float64()), ("features", pa.list_(pa.int64()))])
 
@@ -118,9 +119,16 @@ class Source:
         finally:
             reader.close()
 
-    def text_sample(self) -> pa.RecordBatch | None:
-        """CSV: the first block with every column as text (inference uses it to tell an integer id too
-        large for int64, which Arrow parses as a float, from a real number); other formats: None."""
+    def sample(self) -> pa.RecordBatch | None:
+        """The rows ``--infer-schema`` looks at. CSV: the first block with every column as text (to tell an
+        integer id too large for int64, which Arrow parses as a float, from a real number, and a cell that
+        joins a list); Parquet: its first SAMPLE_ROWS rows as stored (text cells that join lists, histories
+        whose values are another column's); LIBSVM: None."""
+        if self.fmt == "parquet":
+            try:
+                return next(pq.ParquetFile(self.files[0]).iter_batches(batch_size=SAMPLE_ROWS), None)
+            except (pa.ArrowInvalid, OSError) as e:
+                raise AdapterError(f"{self.files[0]}: not a readable Parquet file: {e}") from None
         if self.fmt not in ("csv", "tsv"):
             return None
         names = self.schema().names

@@ -434,7 +434,7 @@ def job_from_args(args: argparse.Namespace) -> TableJob:
                           time=args.time or ("ts" if "ts" in names else ""),
                           surface=args.surface or ("surface" if "surface" in names else ""),
                           min_count=args.min_count or DEFAULT_MIN_COUNT,
-                          hash_buckets=args.hash_buckets or DEFAULT_HASH_BUCKETS, sample=first.text_sample())
+                          hash_buckets=args.hash_buckets or DEFAULT_HASH_BUCKETS, sample=first.sample())
         spec.exact_holdout = args.exact_holdout
     if args.table_name:
         spec.name = args.table_name

@@ -106,7 +106,7 @@ def apply_encoders(a: ApplyJob, out: str | Path, force: bool = False) -> dict[st
     bad = BadRows()
     columns = [c for c, _ in spec.source_columns() if c not in job.derived]
     with tqdm(desc="convert table --encoders: pass 1/2 (count)", unit=" rows", disable=None) as bar:
-        counted, counts = fit_encoders(spec, stream(job, bad, columns, bar))
+        counted, counts = fit_encoders(spec, stream(job, bad, columns, bar), fit=False)
     if not sum(counted.split_rows):
         files = [str(f) for s in job.sources.values() for f in s.files]
         raise AdapterError(f"{', '.join(files)}: no rows")

@@ -166,13 +166,18 @@ def _check_labels(chunk: Chunk, rules: list[LabelRule]) -> dict[str, tuple[np.nd
     return out
 
 
-def fit_encoders(spec: ImportSpec, chunks: Iterable[Chunk]) -> tuple[Encoders, dict[str, Any]]:
-    """Pass 1 over ``chunks``: vocabularies and statistics from train rows, counts from all rows."""
+def fit_encoders(
+    spec: ImportSpec, chunks: Iterable[Chunk], fit: bool = True
+) -> tuple[Encoders, dict[str, Any]]:
+    """Pass 1 over ``chunks``: vocabularies and statistics from train rows, counts from all rows.
+
+    ``fit=False`` only counts (rows, labels, times, surfaces): ``convert table --encoders`` keeps another
+    dataset's encoders, so counting the values of its training rows would be work thrown away."""
     fixed = {s.name: CategoryVocab(s.name, None, s.vocab, fixed=True) for s in spec.sparse if s.vocab}
     counters = {s.name: CategoryCounter(s.name, spec.hash_buckets) for s in [*spec.sparse, *spec.sequence]
-                if s.name not in fixed and not getattr(s, "share", "")}
+                if fit and s.name not in fixed and not getattr(s, "share", "")}
     shared = {q.name: q.share for q in spec.sequence if q.share}  # events count into the item's vocabulary
-    dense = {d.name: DenseStats() for d in spec.dense}
+    dense = {d.name: DenseStats() for d in spec.dense} if fit else {}
     surfaces: set[str] = set()
     split_rows = [0] * N_SPLITS
     rules = spec.label_rules
@@ -217,7 +222,7 @@ def fit_encoders(spec: ImportSpec, chunks: Iterable[Chunk]) -> tuple[Encoders, d
             st.update(_floats(tb.column(name)))
     force = {s.name for s in spec.sparse if s.hash}
     vocabs = {name: c.finish(spec.min_count, name in force) for name, c in counters.items()} | fixed
-    vocabs |= {name: vocabs[share] for name, share in shared.items()}
+    vocabs |= {name: vocabs[share] for name, share in shared.items() if share in vocabs}
     names = sorted(surfaces) if spec.surface else ["all"]
     enc = Encoders(spec, vocabs, dense, names, split_rows, pa.array(names, pa.string()))
     return enc, {"label_sum": label_sum, "label_n": label_n, "ts_min": ts_min, "ts_max": ts_max}
