@@ -29,16 +29,33 @@ def digest(cfg: SimConfig) -> str:
 
 
 # Digests of the stream computed with the simulator as it was before the dynamics knobs existed (commit
-# ec6040a): the iso-FLOP study, the demo and every recorded benchmark depend on these bytes.
+# ec6040a): the iso-FLOP study, the demo and every recorded benchmark depend on these bytes. The bytes depend
+# on the CPU too: NumPy's float64 exp/log take their AVX-512 kernels where the CPU has them, and those round
+# the last bit differently from the AVX2 ones, so a stream is the same bit for bit only on CPUs of one kind
+# (ec6040a's digests on an AVX2-only host equal today's there; session 40).
 BEFORE = {
-    "small": "682afa69d6f33570f5046b2cc9e9a9ad27699b3d7ea8da8cbe7e43e8627b7f0b",
-    "defaults": "1225742ef959d7076c47ecbf9887fb6ff93442035e6c7f38723697f6cb3f5528",
+    "avx512_skx": {"small": "682afa69d6f33570f5046b2cc9e9a9ad27699b3d7ea8da8cbe7e43e8627b7f0b",
+                   "defaults": "1225742ef959d7076c47ecbf9887fb6ff93442035e6c7f38723697f6cb3f5528"},
+    "avx2": {"small": "9299b5b29e8751f378246a86d896606880c90ce48d31c4e1a5b5408c0fdca1b8",
+             "defaults": "eae03a5f8a9d28e7a5466968974583e204f1f75af7382be5bab562ec24c3550e"},
 }
 
 
+def numpy_simd_kind() -> str:
+    """Which of NumPy's float64 math kernels this CPU runs: "avx512_skx", "avx2" or "other"."""
+    found = np._core._multiarray_umath.__cpu_features__
+    if found.get("AVX512_SKX"):
+        return "avx512_skx"
+    return "avx2" if found.get("AVX2") and found.get("FMA3") else "other"
+
+
 def test_default_knobs_reproduce_the_original_stream_bit_for_bit():
-    assert digest(SimConfig(**SMALL)) == BEFORE["small"]
-    assert digest(SimConfig(rows=2000, days=2, chunk_rows=1000)) == BEFORE["defaults"]
+    kind = numpy_simd_kind()
+    if kind not in BEFORE:
+        pytest.skip(f"no recorded digest of the original stream for this CPU's NumPy kernels ({kind}): "
+                    "recompute it with commit ec6040a's simulator on such a CPU")
+    assert digest(SimConfig(**SMALL)) == BEFORE[kind]["small"]
+    assert digest(SimConfig(rows=2000, days=2, chunk_rows=1000)) == BEFORE[kind]["defaults"]
 
 
 def test_each_knob_changes_the_stream():
