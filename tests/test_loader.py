@@ -6,6 +6,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+import opengem.data.loader as loader_module
 from opengem.data.commit import mark_complete
 from opengem.data.loader import ParquetLoader, merge_states
 from opengem.data.parquet import CanonicalWriter
@@ -365,12 +366,16 @@ def test_partition_window_resume_replays_the_uninterrupted_stream(schema, day_fi
 @pytest.mark.parametrize("workers", [0, 2])
 @pytest.mark.parametrize("window, shuffle", [(0, False), (3, True), (-1, False)])
 def test_skip_drops_the_first_batches_and_the_rest_is_the_uninterrupted_stream(schema, day_files, workers,
-                                                                                window, shuffle):
+                                                                                window, shuffle, monkeypatch):
     kw = dict(num_workers=workers, read_rows=10, seed=1, shuffle_window=window, shuffle_units=shuffle,
               drop_last=True)
     full = content(ParquetLoader(day_files, schema, 16, **kw))
     loader = ParquetLoader(day_files, schema, 16, **kw)
+    built = []
+    real_to_batch = loader_module.to_batch
+    monkeypatch.setattr(loader_module, "to_batch", lambda *a: built.append(1) or real_to_batch(*a))
     assert loader.skip(4) == 4
+    assert not built  # the dropped batches are read and checked, never turned into tensors
     assert loader.epoch == 0 and loader.state_dict()["offsets"]  # the position after the dropped batches
     assert content(loader) == full[4:]
     assert loader.epoch == 1

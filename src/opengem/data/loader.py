@@ -388,8 +388,9 @@ class _Stream(tud.IterableDataset):
 
     def __init__(self, schema: FeatureSchema, streams: list[list[Unit]], offsets: dict[str, int],
                  batch_size: int, drop_last: bool, on_error: str, keep: int, read_rows: int, window: int = 0,
-                 seed: int = 0, epoch: int = 0, lenient: bool = False) -> None:
+                 seed: int = 0, epoch: int = 0, lenient: bool = False, tensors: bool = True) -> None:
         self.schema, self.streams, self.offsets, self.read_rows = schema, streams, offsets, read_rows
+        self.tensors = tensors  # False: yield Columns, never Batches (ParquetLoader.skip drops them anyway)
         self.batch_size, self.drop_last, self.on_error, self.keep = batch_size, drop_last, on_error, keep
         # Row mixing: windows of `window` units; `lenient`: a window whose offsets are not a prefix of its
         # interleaving (state from another number of streams) is read unit after unit.
@@ -407,7 +408,7 @@ class _Stream(tud.IterableDataset):
                 # In a worker, ship numpy (pickled through the pipe in one piece per array) and build the
                 # Batch in the consumer: torch's per-tensor shared-memory hand-off costs more than the copy.
                 cols = Columns.concat(parts)
-                batch = to_batch(cols, self.schema) if info is None \
+                batch = to_batch(cols, self.schema) if info is None and self.tensors \
                     else Columns(cols.n, cols.scalars, cols.masks, cols.lists, cols.rows)  # no slice cache
             out = (batch, upd, dict(log.counts), list(log.samples), None)
             log.counts.clear()
@@ -695,7 +696,7 @@ class ParquetLoader:
         resumes there exactly (any mixing window included). A run with a fixed step budget over time-ordered
         data skips its oldest rows this way and ends on the newest ones.
         """
-        it = iter(self)
+        it = self._batches(tensors=False)  # the same rows, checks and positions, no tensors built
         try:
             for n in range(batches):
                 if next(it, None) is None:
@@ -706,11 +707,15 @@ class ParquetLoader:
 
     # ------------------------------------------------------------------ iteration
     def __iter__(self) -> Iterator[Batch]:
+        return self._batches(tensors=True)
+
+    def _batches(self, tensors: bool) -> Iterator[Any]:
+        """The epoch's batches: Batches (``tensors``), or the Columns they would be built from."""
         streams, starts, foreign = self._stream_units()
         lenient = self._check_resume(streams, starts, foreign)
         stream = _Stream(self.schema, streams, starts, self.batch_size, self.drop_last,
                          self.on_error, self.problems.keep, self.read_rows, self.shuffle_window, self.seed,
-                         self.epoch, lenient)
+                         self.epoch, lenient, tensors)
         if self.num_workers == 0:
             items: Any = iter(stream)
         else:
@@ -724,7 +729,7 @@ class ParquetLoader:
                 file, what, column, row = error
                 raise DataError(file, what, column, row)
             if batch is not None:
-                yield batch if isinstance(batch, Batch) else to_batch(batch, self.schema)
+                yield batch if isinstance(batch, Batch) or not tensors else to_batch(batch, self.schema)
         self.epoch += 1
         self._offsets = {}
         self._streams = self.num_streams
