@@ -67,22 +67,18 @@ def _read_as_text(enc: Encoders, name: str, text_columns: frozenset[str]) -> boo
         vocab is not None and vocab.values is not None and pa.types.is_string(vocab.values.type))
 
 
-def split_joined(enc: Encoders, name: str, rows: list[Any], text_columns: frozenset[str]) -> list[Any]:
-    """``rows`` of a column with a separator, each joined cell ("12^7^5") split as the importer splits it
-    (each value trimmed, empty ones dropped) and typed as it types them: a history sharing an integer
-    feature's vocabulary holds integers, any other list text. Lists stay lists."""
-    sep = raw_separators(enc)[name]
-    share = next((q.share for q in enc.spec.sequence if q.name == name), "")
-    as_int = bool(share) and not _read_as_text(enc, share, text_columns)
+def split_joined(rows: list[Any], sep: str, name: str, share: str, as_int: bool) -> list[Any]:
+    """``rows`` of column ``name`` whose cells join a list with ``sep``, each joined cell ("12^7^5") split
+    as the importer splits it (each value trimmed, empty ones dropped) and typed as it types them: integers
+    (``as_int``: a history sharing the integer feature ``share``'s vocabulary), else text. Lists stay
+    lists."""
     joined = [i for i, r in enumerate(rows) if isinstance(r, str)]
     if not joined:
         return rows
     out = list(rows)
     cells = split_cells(pa.array([rows[i] for i in joined], pa.string()), sep).to_pylist()
     for i, cell in zip(joined, cells):
-        if as_int:
-            cell = [_integer(x, name, share, i) for x in cell]
-        out[i] = cell
+        out[i] = [_integer(x, name, share, i) for x in cell] if as_int else cell
     return out
 
 
@@ -105,10 +101,11 @@ def raw_batch(enc: Encoders, values: dict[str, list[Any]], surface: str, n: int,
     shares = {q.name: q.share for q in enc.spec.sequence if q.share}
     for name, kind in raw_columns(enc).items():
         v = values[name]
-        if name in joined:
-            v = split_joined(enc, name, list(v), text_columns)
         # a history sharing a feature's vocabulary is read as that feature is (prepare_lists casts it)
-        as_text = _read_as_text(enc, shares.get(name, name), text_columns)
+        share = shares.get(name, "")
+        as_text = _read_as_text(enc, share or name, text_columns)
+        if name in joined:
+            v = split_joined(v, joined[name], name, share, bool(share) and not as_text)
         if kind == "num":
             cols[name] = pa.array(v, pa.float64())
         elif kind == "cat":
