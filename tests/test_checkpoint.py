@@ -26,6 +26,7 @@ from dist_helpers import (
 )
 from opengem.errors import TrainError
 from opengem.train import checkpoint as ckpt
+from opengem.train import distributed
 from opengem.train.config import load_run_config
 from opengem.train.data import prepare_data
 from opengem.train.trainer import train
@@ -74,6 +75,16 @@ def test_skip_batches_drops_the_first_batches_of_a_fresh_run_only(tmp_path, data
     with pytest.raises(TrainError, match=r"skip_batches = 100000, but partitions .* only \d+ full batches"):
         train(load_run_config(TINY, FAST + ["train.steps=2", "data.skip_batches=100000"]), tmp_path / "x",
               data)
+
+
+def test_skip_batches_stops_every_rank_when_one_rank_is_short(tmp_path, data, monkeypatch):
+    """A rank whose shard holds fewer batches than data.skip_batches stops every rank with the same line
+    (naming the short rank), not only itself while the others wait in the first step's collectives until
+    dist_timeout. Simulated: this process is rank 0 with enough batches, the gathered counts say rank 1 has
+    2."""
+    monkeypatch.setattr(distributed, "gather_objects", lambda obj: [obj, 2])
+    with pytest.raises(TrainError, match=r"skip_batches = 3, but .* give rank 1 only 2 full batches"):
+        train(load_run_config(TINY, FAST + ["train.steps=2", "data.skip_batches=3"]), tmp_path / "x", data)
 
 
 def test_retention_and_incomplete_ignored(tmp_path, data):

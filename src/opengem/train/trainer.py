@@ -370,9 +370,15 @@ class Trainer:
             want = self.cfg.data.skip_batches
             with self.timer.phase("skip_batches"):  # reading past them shows in the start-up breakdown
                 have = loader.skip(want)
-            if have < want:
+            # every rank learns every rank's count, so a rank with too few batches does not leave the others
+            # waiting in the first step's collectives until dist_timeout: all of them stop with the same line
+            counts = distributed.gather_objects(have)
+            short = [(rank, n) for rank, n in enumerate(counts) if n < want]
+            if short:
+                where = (f"this rank only {have}" if len(counts) == 1
+                         else ", ".join(f"rank {rank} only {n}" for rank, n in short))
                 raise TrainError(f"{self.data_path}: data.skip_batches = {want}, but partitions "
-                                 f"{self.cfg.data.train!r} give this rank only {have} full batches of "
+                                 f"{self.cfg.data.train!r} give {where} full batches of "
                                  f"{self.cfg.data.batch_size} rows an epoch")
         return loader
 
