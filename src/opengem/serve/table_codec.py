@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from opengem.data.adapters.common import AdapterError
 from opengem.data.adapters.encoders_io import KIND, encoders_from_dict, encoders_to_dict
-from opengem.data.adapters.table_encode import Chunk, Encoders
+from opengem.data.adapters.table_encode import Chunk, Encoders, gather_columns
 from opengem.data.adapters.vocab import split_cells
 from opengem.serve.errors import ArtifactError, BadRequest
 
@@ -51,7 +51,8 @@ def raw_columns(enc: Encoders) -> dict[str, str]:
     "num" (number, or null = missing)."""
     cols = {s.name: "cats" if s.multi_valued else "cat" for s in enc.spec.sparse}
     cols.update({d.name: "num" for d in enc.spec.dense})
-    cols.update({q.name: "cats" for q in enc.spec.sequence})
+    for q in enc.spec.sequence:  # a history the log spreads over columns: one event a column, as logged
+        cols.update({c: "cat" for c in q.columns} if q.columns else {q.name: "cats"})
     return cols
 
 
@@ -99,11 +100,12 @@ def raw_batch(enc: Encoders, values: dict[str, list[Any]], surface: str, n: int,
     cols: dict[str, pa.Array] = {}
     joined = raw_separators(enc)
     shares = {q.name: q.share for q in enc.spec.sequence if q.share}
+    history_of = {c: q.name for q in enc.spec.sequence for c in q.columns}  # a spread history's columns
     for name, kind in raw_columns(enc).items():
         v = values[name]
         # a history sharing a feature's vocabulary is read as that feature is (prepare_lists casts it)
-        share = shares.get(name, "")
-        as_text = _read_as_text(enc, share or name, text_columns)
+        share = shares.get(history_of.get(name, name), "")
+        as_text = _read_as_text(enc, share or history_of.get(name, name), text_columns)
         if name in joined:
             v = split_joined(v, joined[name], name, share, bool(share) and not as_text)
         if kind == "num":
@@ -115,6 +117,9 @@ def raw_batch(enc: Encoders, values: dict[str, list[Any]], surface: str, n: int,
                                   pa.list_(pa.string()) if as_text else None)
     if enc.spec.surface:
         cols[enc.spec.surface] = pa.array([surface] * n, pa.string())
+    for q in enc.spec.sequence:
+        if q.columns:
+            cols[q.name] = gather_columns([cols.pop(c) for c in q.columns], q.pad)
     for rule in enc.spec.label_rules:
         cols.setdefault(rule.column, pa.nulls(n, pa.float64()))
     return pa.RecordBatch.from_pydict(cols)

@@ -50,7 +50,8 @@ HEADER = ("# opengem convert table: import spec. Edit it (kinds, dims, transform
           "# exact_holdout = true holds out exactly round(frac * rows) rows (--exact-holdout);\n"
           "# separator: a text column holding a list per cell ('12^7^5', oldest first) is split on it;\n"
           "# share: the sparse feature whose vocabulary and table a sequence's events use; match_recent = k\n"
-          "# (with share): count the events equal to it, all and among the latest k (docs/DATA.md).\n")
+          "# (with share): count the events equal to it, all and among the latest k (docs/DATA.md);\n"
+          "# columns = [...]: a history spread over columns, one event a cell, oldest first (pad: filler).\n")
 
 
 @dataclass
@@ -78,6 +79,11 @@ class SequenceSpec:
     separator: str = ""  # a text cell holds the history joined by it ("12^7^5", oldest first); "": a list
     share: str = ""  # a sparse feature whose vocabulary and table the events use (a history of ad ids: "ad")
     match_recent: int = 0  # with share, k > 0: the schema's match_features count the events equal to it
+    # the history spread over these source columns, one event a cell, oldest first (DMR's Taobao layout: 50
+    # columns of category ids); ``name`` is then the history's own name, not a column. Empty cells and cells
+    # equal to ``pad`` (the log's filler for a short history, e.g. "0") are not events.
+    columns: list[str] = field(default_factory=list)
+    pad: str = ""
 
 
 @dataclass
@@ -110,7 +116,8 @@ class ImportSpec:
         out += [(c, role) for c, role in ((self.time, "time"), (self.surface, "surface"),
                                           (self.example_id, "example_id")) if c]
         out += [(s.name, "sparse") for s in self.sparse] + [(d.name, "dense") for d in self.dense]
-        out += [(q.name, "sequence") for q in self.sequence]
+        for q in self.sequence:
+            out += [(c, "sequence") for c in q.columns] if q.columns else [(q.name, "sequence")]
         return out
 
     def to_toml(self) -> str:
@@ -196,6 +203,15 @@ def check_spec(spec: ImportSpec, where: str) -> None:
         if not isinstance(q.match_recent, int) or q.match_recent < 0 or (q.match_recent and not q.share):
             raise SchemaError(f"{where}: sequence[{i}].match_recent must be an integer >= 0, and > 0 only "
                               f"with share (got {q.match_recent!r}, share {q.share!r})")
+        if not isinstance(q.columns, list) or not all(isinstance(c, str) and c for c in q.columns):
+            raise SchemaError(f"{where}: sequence[{i}].columns must be a list of column names, got "
+                              f"{q.columns!r}")
+        if not isinstance(q.pad, str) or (q.pad and not q.columns):
+            raise SchemaError(f"{where}: sequence[{i}].pad: a string, and only with columns (a history "
+                              f"spread over columns), got {q.pad!r}")
+        if q.columns and q.separator:
+            raise SchemaError(f"{where}: sequence[{i}] ({q.name!r}) has both columns and a separator: a "
+                              "history spread over columns holds one event a cell")
         if not isinstance(q.share, str) or (q.share and q.share not in sparse_names):
             raise SchemaError(f"{where}: sequence[{i}].share: {q.share!r} is not a sparse feature of the "
                               f"spec ({', '.join(sorted(sparse_names)) or 'none'})")
@@ -208,6 +224,11 @@ def check_spec(spec: ImportSpec, where: str) -> None:
             if sep and key == "sparse" and not item.multi_valued:
                 raise SchemaError(f"{where}: sparse[{i}] ({item.name!r}) has a separator but multi_valued = "
                                   "false: a cell split into values is a multi-valued feature (or a sequence)")
+    read = {col for col, _ in spec.source_columns()}
+    for i, q in enumerate(spec.sequence):
+        if q.columns and q.name in read:
+            raise SchemaError(f"{where}: sequence[{i}] ({q.name!r}) is spread over columns, so its name must "
+                              "not be a column the spec reads: give the history a name of its own")
     seen: dict[str, str] = {}
     for col, role in spec.source_columns():
         if col in seen and {seen[col], role} != {"surface", "sparse"}:

@@ -295,6 +295,7 @@ def _text_columns(job: TableJob) -> list[str]:
     the text, so a server given a raw number for it must hash that number's text too."""
     out = []
     shared = {q.name: q.share for q in job.spec.sequence if q.share}  # read as their item's type
+    spread = {q.name: q.columns[0] for q in job.spec.sequence if q.columns}  # its cells' type: its columns'
     for name in [s.name for s in [*job.spec.sparse, *job.spec.sequence]]:
         if name in shared:
             if shared[name] in out:
@@ -305,7 +306,8 @@ def _text_columns(job: TableJob) -> list[str]:
             if src.fmt in ("csv", "tsv"):
                 continue
             schema = src.schema() if src.fmt == "parquet" else None
-            t = schema.field(name).type if schema is not None and name in schema.names else None
+            col = spread.get(name, name)
+            t = schema.field(col).type if schema is not None and col in schema.names else None
             if t is not None and (pa.types.is_list(t) or pa.types.is_large_list(t)):
                 t = t.value_type
             text = text and t is not None and (pa.types.is_string(t) or pa.types.is_large_string(t))

@@ -52,10 +52,41 @@ def tail_lists(arr: pa.ListArray, max_len: int) -> pa.ListArray:
     return pa.ListArray.from_arrays(pa.array(new.astype(np.int32)), values)
 
 
+def gather_columns(columns: list[pa.Array], pad: str) -> pa.ListArray:
+    """One list per row of the cells of ``columns`` in their order, without empty cells (null or blank) and
+    cells equal to ``pad``: a history the log spreads over one column per event. Columns of one type keep
+    it; mixed types (a CSV column of empty cells reads as null, its neighbours as integers) are cast to the
+    type of the first non-null column, as one history holds values of one type."""
+    n, k = len(columns[0]), len(columns)
+    kinds = [c.type for c in columns if not pa.types.is_null(c.type)]
+    kind = kinds[0] if kinds else pa.string()
+    cols = [c if c.type == kind else pc.cast(c, kind) for c in columns]
+    keep = np.empty((k, n), dtype=bool)
+    for j, c in enumerate(cols):
+        ok = c.is_valid()
+        if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+            ok = pc.and_(ok, pc.not_equal(pc.utf8_trim_whitespace(c), ""))
+        if pad:
+            ok = pc.and_(ok, pc.not_equal(pc.cast(c, pa.string()), pad))
+        keep[j] = ok.fill_null(False).to_numpy(zero_copy_only=False)
+    flat = pa.concat_arrays(cols)  # column after column: cell (row i, column j) is flat[j * n + i]
+    index = (np.arange(k)[None, :] * n + np.arange(n)[:, None])[keep.T]  # row after row, columns in order
+    offsets = np.zeros(n + 1, np.int32)
+    np.cumsum(keep.sum(axis=0), out=offsets[1:])
+    return pa.ListArray.from_arrays(pa.array(offsets), flat.take(pa.array(index, pa.int64())))
+
+
 def prepare_lists(batch: pa.RecordBatch, spec: ImportSpec, file: Path | str = "") -> pa.RecordBatch:
-    """``batch`` as the encoders read it: every column the spec reads with a ``separator`` split into lists
-    (see split_cells), and each history that shares a sparse feature's vocabulary holding values of that
-    feature's type (integers stay integers, so that counting, lookup and hashing agree)."""
+    """``batch`` as the encoders read it: each history the log spreads over columns gathered into one list
+    column named after it (see gather_columns), every column the spec reads with a ``separator`` split into
+    lists (see split_cells), and each history that shares a sparse feature's vocabulary holding values of
+    that feature's type (integers stay integers, so that counting, lookup and hashing agree)."""
+    wide = [q for q in spec.sequence if q.columns and set(q.columns) <= set(batch.schema.names)]
+    if wide:
+        cols = {f.name: batch.column(i) for i, f in enumerate(batch.schema)}
+        for q in wide:
+            cols[q.name] = gather_columns([cols.pop(c) for c in q.columns], q.pad)
+        batch = pa.RecordBatch.from_pydict(cols)
     have = set(batch.schema.names)  # a pass may read only some columns (the time pass: one)
     seps = {s.name: s.separator for s in [*spec.sparse, *spec.sequence] if s.separator and s.name in have}
     shared = {q.name: q.share for q in spec.sequence if q.share and {q.name, q.share} <= have}

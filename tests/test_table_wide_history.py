@@ -1,0 +1,195 @@
+"""A history the log spreads over one column per event (DMR's Taobao layout: ``cate_his`` in 50 columns, 0
+where the history is shorter), read by the import spec's ``columns`` (and ``pad``): it converts to exactly
+the data the same history joined into one cell converts to, a served request gives it as logged, and the spec
+refuses what cannot be meant."""
+
+from __future__ import annotations
+
+import csv
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from opengem.cli import main as cli_main
+from opengem.data.adapters.infer import load_spec
+from opengem.data.schema import SchemaError
+from opengem.serve.predictor import Predictor
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "configs" / "tiny.toml"
+DMR = ROOT.parent / "shared" / "data" / "taobao_ad_dmr_sample" / "alimama_sampled_train.txt"
+WIDTH = 6
+warnings.filterwarnings("ignore", category=FutureWarning)
+
+SPEC = """name = "wide"
+labels = ["click"]
+time = "ts"
+[[sparse]]
+name = "user"
+[[sparse]]
+name = "ad"
+[[sequence]]
+name = "ad_history"
+share = "ad"
+match_recent = 2
+{how}
+"""
+WIDE = "columns = [" + ", ".join(f'"h{j}"' for j in range(WIDTH)) + ']\npad = "0"'
+JOINED = 'separator = "^"'
+
+
+def write_log(path: Path) -> list[dict]:
+    """Each row's history (ad ids 1..30, oldest first) both joined into ``ad_history`` and spread over
+    h0..h5, the unused columns holding 0 (every third row instead leaves them empty, in CSV)."""
+    rng = np.random.default_rng(5)
+    rows = []
+    for i in range(900):
+        history = [int(x) for x in rng.integers(1, 31, int(rng.integers(0, WIDTH + 1)))]
+        filler = "" if path.suffix == ".csv" and i % 3 == 0 else 0
+        row = {"ts": 1_700_000_000 + 60 * i, "user": f"u{int(rng.integers(0, 60))}",
+               "ad": int(rng.integers(1, 31)), "ad_history": "^".join(map(str, history)),
+               "click": int(rng.random() < 0.3)}
+        row.update({f"h{j}": history[j] if j < len(history) else filler for j in range(WIDTH)})
+        rows.append(row)
+    if path.suffix == ".parquet":
+        pq.write_table(pa.table({k: [r[k] for r in rows] for k in rows[0]}), path)
+    else:
+        with open(path, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+    return rows
+
+
+def convert(src: Path, how: str, out: Path) -> None:
+    """Convert ``src`` with the spec reading the history ``how``; the other form's columns are ignored."""
+    ignore = [f"h{j}" for j in range(WIDTH)] if how == JOINED else ["ad_history"]
+    spec = out.with_suffix(".toml")
+    spec.write_text(SPEC.replace('time = "ts"', f'time = "ts"\nignore = {toml_list(ignore)}').format(how=how))
+    assert cli_main(["convert", "table", "--src", str(src), "--schema", str(spec), "--split", "time",
+                     "--out", str(out)]) == 0
+
+
+def toml_list(names: list[str]) -> str:
+    return "[" + ", ".join(f'"{n}"' for n in names) + "]"
+
+
+@pytest.fixture(scope="module", params=["csv", "parquet"])
+def converted(request, tmp_path_factory):
+    root = tmp_path_factory.mktemp("wide")
+    src = root / f"log.{request.param}"
+    rows = write_log(src)
+    convert(src, WIDE, root / "wide")
+    convert(src, JOINED, root / "joined")
+    return root, rows
+
+
+def test_a_history_spread_over_columns_converts_as_the_same_history_joined(converted):
+    root, rows = converted
+    assert (root / "wide" / "schema.toml").read_text() == (root / "joined" / "schema.toml").read_text()
+    for split in ("train", "valid", "test"):
+        wide = pq.read_table(root / "wide" / split / "part-00000.parquet")
+        joined = pq.read_table(root / "joined" / split / "part-00000.parquet")
+        assert wide.num_rows and wide.equals(joined), split
+    # and the events are the rows' histories: lengths as logged, empty and 0 cells not events
+    test = pq.read_table(root / "wide" / "test" / "part-00000.parquet")
+    lengths = [len(h) for h in test.column("ad_history__id").to_pylist()]
+    want = [len(rows[i]["ad_history"].split("^")) if rows[i]["ad_history"] else 0
+            for i in test.column("example_id").to_pylist()]
+    assert lengths == want and 0 in lengths and WIDTH in lengths
+
+
+def test_a_served_request_gives_the_spread_history_as_logged(converted):
+    root, rows = converted
+    run = root / "run"
+    if not run.exists():
+        assert cli_main(["train", "--config", str(TINY), "--data", str(root / "wide"), "--out", str(run),
+                         "train.steps=4", "train.progress=false", "train.final_eval=false",
+                         "train.threads=1"]) == 0
+    assert cli_main(["predict", "--run", str(run), "--partitions", "@test", "--out",
+                     str(root / "preds.parquet")]) == 0
+    preds = pq.read_table(root / "preds.parquet")
+    p = Predictor.load(run, "eager")
+    raw = [rows[i] for i in preds["example_id"].to_pylist()]
+    cands = [{k: r[k] for k in ("user", "ad", *(f"h{j}" for j in range(WIDTH)))} for r in raw]
+    got = np.asarray(p.score({"surface": "all", "candidates": cands})["scores"]["click"])
+    assert np.abs(got - preds["click"].to_numpy()).max() <= 1e-6
+
+
+@pytest.mark.parametrize("how, error", [
+    (WIDE + '\nseparator = "^"', r"sequence\[0\] \('ad_history'\) has both columns and a separator"),
+    (JOINED + '\npad = "0"', r"sequence\[0\]\.pad: a string, and only with columns"),
+    ('columns = ["h0", "user"]', r"column 'user' is used twice \(sparse and sequence\)"),
+    ('columns = ["h0", ""]', r"sequence\[0\]\.columns must be a list of column names"),
+])
+def test_the_spec_refuses_what_a_spread_history_cannot_mean(tmp_path, how, error):
+    spec = tmp_path / "spec.toml"
+    spec.write_text(SPEC.format(how=how))
+    with pytest.raises(SchemaError, match=error):
+        load_spec(spec)
+    spec.write_text(SPEC.replace('name = "ad_history"', 'name = "user"').format(how=WIDE))
+    with pytest.raises(SchemaError, match=r"\('user'\) is spread over columns, so its name must not be a "
+                                          r"column the spec reads"):
+        load_spec(spec)
+
+
+def test_a_missing_column_of_a_spread_history_is_named(tmp_path, capsys):
+    src = tmp_path / "log.csv"
+    write_log(src)
+    spec = tmp_path / "spec.toml"
+    spec.write_text(SPEC.format(how=WIDE.replace('"h5"', '"h9"')))
+    out = tmp_path / "o"
+    assert cli_main(["convert", "table", "--src", str(src), "--schema", str(spec), "--out", str(out)]) != 0
+    err = capsys.readouterr().err
+    assert "missing your column(s) h9 (sequence)" in err and "Traceback" not in err and not out.exists()
+
+
+@pytest.mark.skipif(not DMR.exists(), reason=f"the Taobao DMR sample is absent ({DMR}; see its SOURCE.md)")
+def test_the_taobao_dmr_sample_reads_its_fifty_column_histories(tmp_path):
+    """The real layout: 267 headerless columns, the category and brand histories in columns 50-99 and
+    100-149, their real slots marked by the mask columns 150-199 and the others holding 0."""
+    names = ([f"{kind}{j}" for kind in ("btag", "cate", "brand", "mask", "match") for j in range(50)]
+             + ["uid", "cms_segid", "cms_group_id", "gender", "age_level", "pvalue_level", "shopping_level",
+                "occupation", "new_user_class_level", "adgroup_id", "cate_id", "campaign_id", "customer_id",
+                "brand", "price", "pid", "label"])
+    spec = tmp_path / "dmr.toml"
+    spec.write_text(f"""name = "taobao_dmr"
+labels = ["label"]
+surface = "pid"
+ignore = {toml_list(names[:50] + names[150:250])}
+[[sparse]]
+name = "uid"
+[[sparse]]
+name = "cate_id"
+[[sparse]]
+name = "brand"
+[[dense]]
+name = "price"
+[[sequence]]
+name = "cate_his"
+columns = {toml_list(names[50:100])}
+pad = "0"
+share = "cate_id"
+match_recent = 8
+[[sequence]]
+name = "brand_his"
+columns = {toml_list(names[100:150])}
+pad = "0"
+share = "brand"
+""")
+    out = tmp_path / "dmr"
+    assert cli_main(["convert", "table", "--src", str(DMR), "--format", "csv", "--columns", ",".join(names),
+                     "--schema", str(spec), "--out", str(out), "--min-count", "1", "--no-shuffle"]) == 0
+    cells = [line.rstrip("\n").split(",") for line in DMR.open()]
+    real = {i: sum(c[150 + j] == "1" and c[50 + j] != "0" for j in range(50)) for i, c in enumerate(cells)}
+    seen = 0
+    for split in ("train", "valid", "test"):
+        t = pq.read_table(out / split / "part-00000.parquet")
+        for eid, cate in zip(t.column("example_id").to_pylist(), t.column("cate_his__id").to_pylist()):
+            assert len(cate) == real[eid], eid
+            seen += 1
+    assert seen == len(cells) == 500 and min(real.values()) < 50 == max(real.values())
