@@ -162,6 +162,11 @@ def cases(w: Path) -> list[Case]:
              setup=lambda w: (_log_csv(w), write(w / "bad_share.toml", 'name = "x"\nlabels = ["click"]\n'
                                                  'sequence = [{ name = "hist", separator = "^", '
                                                  'share = "nope" }]\n'))))
+    add(Case("convert table: a history spread over columns, one of them not in the file",
+             ["convert", "table", "--src", "log.csv", "--schema", "spread.toml", "--out", "c11"],
+             setup=lambda w: (_log_csv(w), write(w / "spread.toml", 'name = "x"\nlabels = ["click"]\n'
+                                                 'sequence = [{ name = "seen", columns = ["ad", "ad2"], '
+                                                 'pad = "0" }]\n'))))
     add(Case("convert table: a history of ints sharing a string-keyed feature that is not one",
              ["convert", "table", "--src", "log.parquet", "--schema", "share_int.toml", "--out", "c10"],
              setup=_int_history_parquet))
