@@ -128,6 +128,44 @@ def test_cross_branch_feeds_the_head(no_sequences):
         GEM(schema, EmbeddingConfig(d=16), HeadConfig(), _small(cross_layers=1, cross_rank=-2))
 
 
+@pytest.mark.parametrize("history", ["mean", "summary"])
+def test_cross_branch_reads_the_history_when_asked(history):
+    """gem.cross_sequence: the cross layers' input is the flattened tokens, then each group's mean event
+    ("mean", as DCNv2's cross reads it) or the InterFormer's summary of the history ("summary", GEM's user
+    vector); the extra width is all it costs, and the exported program computes the same."""
+    from opengem.model.embedding import masked_mean
+    from opengem.serve.export import export_program, flat_inputs
+
+    schema = _schema(extra_group=True)
+    torch.manual_seed(0)
+    model = GEM(schema, EmbeddingConfig(d=16), HeadConfig(hidden=[32]),
+                _small(cross_layers=2, cross_rank=3, cross_sequence=history)).eval()
+    plain = GEM(schema, EmbeddingConfig(d=16), HeadConfig(hidden=[32]), _small(cross_layers=2, cross_rank=3))
+    n = model.embedding.num_tokens * 16
+    extra = 16 * len(schema.sequences) if history == "mean" else 16
+    assert len(schema.sequences) == 2 and model.cross[0].dim == n + extra
+    seen = {}
+
+    def keep_input(module, args, output):  # returns None: the layer's output stays as it is
+        seen["x0"] = args[0]
+
+    hook = model.cross[0].register_forward_hook(keep_input)
+    batch = random_batch(schema, 6, seed=3)
+    with torch.no_grad():
+        out = model(batch)
+        hook.remove()
+        e = model.embedding(batch)
+        want = (torch.cat([masked_mean(e.sequences[g.name]) for g in schema.sequences], dim=1)
+                if history == "mean" else out.extras["user"])
+        assert torch.equal(seen["x0"][:, :n], e.tokens.flatten(1))
+        assert torch.allclose(seen["x0"][:, n:], want) and want.abs().sum() > 0
+        assert model.flops_per_example() > plain.flops_per_example()
+        program = export_program(model, schema)
+        assert (program.module()(*flat_inputs(batch, schema)) - out.logits).abs().max().item() <= 1e-5
+    with pytest.raises(ConfigError, match="gem.cross_sequence: 'last' is not one of none, mean, summary"):
+        GEM(schema, EmbeddingConfig(d=16), HeadConfig(), _small(cross_layers=1, cross_sequence="last"))
+
+
 @pytest.fixture
 def one_thread():
     """Tiny matmuls are ~20x faster on one thread than fighting over a loaded machine's cores."""

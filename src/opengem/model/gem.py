@@ -44,6 +44,7 @@ from opengem.model.embedding import (
     check_choice,
     check_heads,
     check_widths,
+    masked_mean,
 )
 from opengem.model.flops import linear_flops
 from opengem.model.heads import HeadConfig, MultiSurfaceHead, context_columns, head_context
@@ -93,6 +94,14 @@ class GEMConfig:
     # ignored without a cross branch
     cross_width: int = 0
     cross_vocab: int = 1000
+    # OURS: what of the user's history the cross branch also reads (ignored without a cross branch or without
+    # sequence groups): "none"; "mean" = each group's mean event, as DCNv2's cross layers read it; "summary" =
+    # the InterFormer's summary of the history (the "user" vector: its summary tokens' mean), so the branch
+    # crosses what the sequence path learned about the user with the ad's and the user's attributes
+    cross_sequence: str = "none"
+
+
+CROSS_SEQUENCE = ("none", "mean", "summary")
 
 
 def check_sizes(cfg: GEMConfig, d: int, seq_max_len: int | None) -> None:
@@ -110,6 +119,7 @@ def check_sizes(cfg: GEMConfig, d: int, seq_max_len: int | None) -> None:
     check_at_least("gem.cross_rank", cfg.cross_rank, 0)
     check_at_least("gem.cross_width", cfg.cross_width, 0)
     check_at_least("gem.cross_vocab", cfg.cross_vocab, 1)
+    check_choice("gem.cross_sequence", cfg.cross_sequence, CROSS_SEQUENCE)
     if seq_max_len is None:
         layers_key, layers = "gem.wukong.num_layers", w.num_layers
     else:
@@ -182,7 +192,10 @@ class GEM(nn.Module):
             head_in = self.wukong.out_tokens * d
         self.cross_attributes = (CrossAttributes(schema, cfg.cross_width, cfg.cross_vocab)
                                  if cfg.cross_width and cfg.cross_layers else None)
-        cross_dim = n * d + (self.cross_attributes.out_dim if self.cross_attributes is not None else 0)
+        self._cross_sequence = cfg.cross_sequence if cfg.cross_layers and self.groups else "none"
+        history = {"none": 0, "mean": len(self.groups) * d, "summary": d}[self._cross_sequence]
+        attributes = self.cross_attributes.out_dim if self.cross_attributes is not None else 0
+        cross_dim = n * d + history + attributes
         self.cross = CrossNetwork(cross_dim, cfg.cross_layers, cfg.cross_rank)
         head_in += cross_dim if cfg.cross_layers else 0
         # public: the dense columns the head's context term reads (vertical models rebuild its input)
@@ -206,7 +219,10 @@ class GEM(nn.Module):
             x = self.wukong(e.tokens)
             h, user = x.flatten(1), x.mean(dim=1)
         if len(self.cross):
-            x0 = with_cross_attributes(e.tokens.flatten(1), self.cross_attributes, batch)
+            history = {"none": [], "summary": [user],
+                       "mean": [masked_mean(e.sequences[g]) for g in self.groups]}[self._cross_sequence]
+            x0 = torch.cat([e.tokens.flatten(1), *history], dim=1) if history else e.tokens.flatten(1)
+            x0 = with_cross_attributes(x0, self.cross_attributes, batch)
             h = torch.cat([h, self.cross(x0)], dim=1)
         logits, trunk = self.head(h, batch.surface, head_context(e.dense, self.head_context_columns))
         return ModelOutput(logits=logits, trunk=trunk, extras={"user": user, "ad": e.target, "trunk": trunk})
