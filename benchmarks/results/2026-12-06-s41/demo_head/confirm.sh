@@ -12,3 +12,7 @@ for s in 1 2; do
   wait
   one dlrm_h64 $s 1220 $DLRM model.head.hidden=[64]
 done
+# DCNv2 [128] resolved (seeds 0-2) and sits at the grid's edge: [256] at seed 0 says whether the grid brackets it.
+# At 0.984 MFLOP/example it costs more than GEM (0.881), so it reads GEM's training FLOPs, 0.9 of a pass, as the
+# demo would train it: 1220 x 0.881 / 0.984 = 1,092 steps
+one dcnv2_h256 0 1092 $DCN model.head.hidden=[256]
