@@ -6,6 +6,7 @@ refuses what cannot be meant."""
 from __future__ import annotations
 
 import csv
+import os
 import warnings
 from pathlib import Path
 
@@ -21,7 +22,8 @@ from opengem.serve.predictor import Predictor
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny.toml"
-DMR = ROOT.parent / "shared" / "data" / "taobao_ad_dmr_sample" / "alimama_sampled_train.txt"
+DATA = Path(os.environ.get("OPENGEM_DATA") or ROOT.parent / "shared" / "data")
+DMR = DATA / "taobao_ad_dmr_sample" / "alimama_sampled_train.txt"
 WIDTH = 6
 warnings.filterwarnings("ignore", category=FutureWarning)
 
@@ -148,7 +150,8 @@ def test_a_missing_column_of_a_spread_history_is_named(tmp_path, capsys):
     assert "missing your column(s) h9 (sequence)" in err and "Traceback" not in err and not out.exists()
 
 
-@pytest.mark.skipif(not DMR.exists(), reason=f"the Taobao DMR sample is absent ({DMR}; see its SOURCE.md)")
+@pytest.mark.skipif(not DMR.exists(),
+                    reason=f"real data not found at {DMR} (set $OPENGEM_DATA or provide ../shared/data)")
 def test_the_taobao_dmr_sample_reads_its_fifty_column_histories(tmp_path):
     """The real layout: 267 headerless columns, the category and brand histories in columns 50-99 and
     100-149, their real slots marked by the mask columns 150-199 and the others holding 0."""
