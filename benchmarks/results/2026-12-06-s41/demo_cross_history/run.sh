@@ -9,15 +9,8 @@
 # conversion NE), test day 6 reported only; the demo's schedule and GEM's rate 3e-3; seeds paired (0-2 first,
 # 3-4 for an arm that leads on validation after them). The recipe and DCNv2 are ../demo_cross_rank/'s runs.
 #   bash run.sh DATA OUT "0 1 2"    # cwd: the repository
-D=$1; O=$2; SEEDS=${3:-"0 1 2"}; mkdir -p $O
-PY=.venv/bin/python
-COMMON="train.lr_decay=cosine train.min_lr_ratio=0.02 train.progress=false"
-one() {  # name seed steps overrides...
-  local n=$1 s=$2 steps=$3; shift 3
-  [ -f $O/${n}_seed$s.json ] || $PY benchmarks/quality_harness.py --config configs/small.toml --data $D \
-    --out $O/${n}_seed$s.json --train 'day=00[0-4]' --valid day=005 --test day=006 --threads 1 \
-    $COMMON train.steps=$steps train.seed=$s "$@" > $O/${n}_seed$s.log 2>&1
-}
+source "$(dirname "$0")/../screen_lib.sh" "$1" "$2"
+SEEDS=${3:-"0 1 2"}
 GEM="model.name=gem train.lr=3e-3"
 for s in $SEEDS; do
   one gem_xmean $s 1215 $GEM model.gem.cross_sequence=mean &

@@ -9,15 +9,8 @@
 # rate and head; equal training FLOPs within GEM (a costlier arm takes fewer steps); seeds 0-4 paired, two runs at
 # a time. Seeds 0-2 of the recipe and of DCNv2 are session 40's runs (same code on the training path, same host):
 #   bash run.sh DATA OUT "0 1 2 3 4"    # cwd: the repository; DATA: the demo's data (configs/small.toml, counts)
-D=$1; O=$2; SEEDS=${3:-"0 1 2 3 4"}; mkdir -p $O
-PY=.venv/bin/python
-COMMON="train.lr_decay=cosine train.min_lr_ratio=0.02 train.progress=false"
-one() {  # name seed steps overrides...
-  local n=$1 s=$2 steps=$3; shift 3
-  [ -f $O/${n}_seed$s.json ] || $PY benchmarks/quality_harness.py --config configs/small.toml --data $D \
-    --out $O/${n}_seed$s.json --train 'day=00[0-4]' --valid day=005 --test day=006 --threads 1 \
-    $COMMON train.steps=$steps train.seed=$s "$@" > $O/${n}_seed$s.log 2>&1
-}
+source "$(dirname "$0")/../screen_lib.sh" "$1" "$2"
+SEEDS=${3:-"0 1 2 3 4"}
 GEM="model.name=gem train.lr=3e-3"
 DCN="model.name=dcnv2 train.lr=3e-3 model.head.hidden=[64]"
 for s in $SEEDS; do

@@ -7,15 +7,7 @@
 # the baselines read the training days once, as the demo trains them (their heads keep them under GEM's FLOPs).
 # The recipe's widths are ../demo_cross_rank/'s gem_seed0 and dcnv2_seed0 and ../demo_lr/'s dlrm runs.
 #   bash run.sh DATA OUT     # cwd: the repository
-D=$1; O=$2; mkdir -p $O
-PY=.venv/bin/python
-COMMON="train.lr_decay=cosine train.min_lr_ratio=0.02 train.progress=false"
-one() {  # name seed steps overrides...
-  local n=$1 s=$2 steps=$3; shift 3
-  [ -f $O/${n}_seed$s.json ] || $PY benchmarks/quality_harness.py --config configs/small.toml --data $D \
-    --out $O/${n}_seed$s.json --train 'day=00[0-4]' --valid day=005 --test day=006 --threads 1 \
-    $COMMON train.steps=$steps train.seed=$s "$@" > $O/${n}_seed$s.log 2>&1
-}
+source "$(dirname "$0")/../screen_lib.sh" "$1" "$2"
 GEM="model.name=gem train.lr=${GEM_LR:-3e-3}"
 DCN="model.name=dcnv2 train.lr=${DCN_LR:-3e-3}"
 DLRM="model.name=dlrm train.lr=${DLRM_LR:-1e-3}"

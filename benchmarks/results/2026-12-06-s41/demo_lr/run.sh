@@ -8,15 +8,7 @@
 # family's size and head. DCNv2 at 3e-3 is ../demo_cross_rank/'s dcnv2_seed0, GEM at 3e-3 its run of the rank it
 # chose (gem_seed0 or gem_r64_seed0; OUT/gem_rank says which, 16 or 64: at 64 GEM takes 1,125 steps).
 #   bash run.sh DATA OUT     # cwd: the repository; DATA: the demo's data (configs/small.toml, counts)
-D=$1; O=$2; mkdir -p $O
-PY=.venv/bin/python
-COMMON="train.lr_decay=cosine train.min_lr_ratio=0.02 train.progress=false"
-one() {  # name seed steps overrides...
-  local n=$1 s=$2 steps=$3; shift 3
-  [ -f $O/${n}_seed$s.json ] || $PY benchmarks/quality_harness.py --config configs/small.toml --data $D \
-    --out $O/${n}_seed$s.json --train 'day=00[0-4]' --valid day=005 --test day=006 --threads 1 \
-    $COMMON train.steps=$steps train.seed=$s "$@" > $O/${n}_seed$s.log 2>&1
-}
+source "$(dirname "$0")/../screen_lib.sh" "$1" "$2"
 DCN="model.name=dcnv2 model.head.hidden=[64]"
 DLRM="model.name=dlrm model.head.hidden=[64]"
 GEM="model.name=gem model.gem.cross_rank=${GEM_RANK:-16}"   # the rank ../demo_cross_rank/ chose (set after it)

@@ -8,15 +8,8 @@
 # two Wukong layers (0.42 MFLOP/example) and four (0.78), each reading the training days once (fewer FLOPs than
 # the recipe: a second pass over the same rows overfits, session 30). The recipe is ../demo_cross_rank/gem_seed0.
 #   bash run.sh DATA OUT "0"    # cwd: the repository
-D=$1; O=$2; SEEDS=${3:-"0"}; mkdir -p $O
-PY=.venv/bin/python
-COMMON="train.lr_decay=cosine train.min_lr_ratio=0.02 train.progress=false"
-one() {  # name seed steps overrides...
-  local n=$1 s=$2 steps=$3; shift 3
-  [ -f $O/${n}_seed$s.json ] || $PY benchmarks/quality_harness.py --config configs/small.toml --data $D \
-    --out $O/${n}_seed$s.json --train 'day=00[0-4]' --valid day=005 --test day=006 --threads 1 \
-    $COMMON train.steps=$steps train.seed=$s "$@" > $O/${n}_seed$s.log 2>&1
-}
+source "$(dirname "$0")/../screen_lib.sh" "$1" "$2"
+SEEDS=${3:-"0"}
 GEM="model.name=gem train.lr=${LR:-3e-3} model.gem.use_sequences=false"
 for s in $SEEDS; do
   one gem_noseq_l2 $s 1220 $GEM &
