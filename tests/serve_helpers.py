@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from opengem.data.commit import atomic_write_text
 from opengem.serve.errors import BadRequest
 
 if TYPE_CHECKING:
@@ -112,12 +113,15 @@ def fake_loader(path: Path, backend: str) -> FakePredictor:
 
 def publish_fake_version(run: Path, number: int, bias: float = 0.0, nan: bool = False,
                          corrupt: bool = False) -> Path:
-    """RUN/versions/vNNNN with fake.json, manifest.json written last (= published)."""
+    """RUN/versions/vNNNN with fake.json, manifest.json written last (= published), atomically as
+    opengem.train.online publishes: a watcher polling while a plain write_text is half done sees the manifest
+    twice (created, then written: two mtimes) and refuses a bad version twice (a load-dependent flake)."""
     d = run / "versions" / f"v{number:04d}"
     d.mkdir(parents=True, exist_ok=True)
     text = "{not json" if corrupt else json.dumps({"version": f"v{number:04d}", "bias": bias, "nan": nan})
     (d / "fake.json").write_text(text)
-    (d / "manifest.json").write_text(json.dumps({"version": number, "trained_through_ts": 1000 + number}))
+    manifest = {"version": number, "trained_through_ts": 1000 + number}
+    atomic_write_text(d / "manifest.json", json.dumps(manifest))
     return d
 
 
