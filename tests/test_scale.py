@@ -279,6 +279,21 @@ def test_isoflop_tiny_study_end_to_end_and_resume(tmp_path):
     from opengem.bench.isoflop_report import json_safe
 
     assert again["runs_trained_now"] == 0 and json_safe(again["frontier"]) == json_safe(res["frontier"])
+    # results written by older code, which had fewer knobs: their hash differs (it covers every field) and
+    # their config.toml lacks the knob, which reads as its default; they are still the study's runs
+    runs = sorted((tmp_path / "runs").iterdir())
+    for run in runs:
+        rec = json.loads((run / "result.json").read_text())
+        (run / "result.json").write_text(json.dumps({**rec, "config_sha256": "written-by-older-code"}))
+        text = (run / "config.toml").read_text()
+        assert 'cross_sequence = "none"\n' in text
+        (run / "config.toml").write_text(text.replace('cross_sequence = "none"\n', ""))
+    older = run_study(cfg, tmp_path, run_overrides=extra, log=lambda m: None)
+    assert older["runs_trained_now"] == 0 and json_safe(older["frontier"]) == json_safe(res["frontier"])
+    # ... but a run whose written config differs in a value is trained again
+    text = (runs[0] / "config.toml").read_text()
+    (runs[0] / "config.toml").write_text(text.replace("sparse_lr = ", "sparse_lr = 0.5 #", 1))
+    assert run_study(cfg, tmp_path, run_overrides=extra, log=lambda m: None)["runs_trained_now"] == 1
 
 
 def test_isoflop_train_cell_adds_seeds_and_variants(tmp_path):

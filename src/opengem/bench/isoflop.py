@@ -368,8 +368,27 @@ def _result_for(rc: Any, run_dir: Path, test_spec: str, eval_rows: int) -> dict[
     if not done.exists():
         return None
     rec = json.loads(done.read_text())
-    got = (rec.get("config_sha256"), rec.get("test_spec"), rec.get("eval_batches"))
-    return rec if got == (config_sha256(rc), test_spec, _eval_batches(rc, eval_rows)) else None
+    if (rec.get("test_spec"), rec.get("eval_batches")) != (test_spec, _eval_batches(rc, eval_rows)):
+        return None
+    if rec.get("config_sha256") == config_sha256(rc) or same_config_as_written(rc, run_dir):
+        return rec
+    return None
+
+
+def same_config_as_written(rc: Any, run_dir: Path) -> bool:
+    """Whether RUN/config.toml, the resolved config the run wrote, read with today's config classes, is
+    ``rc``. A knob added to the code since the run was trained is missing from the file and reads as its
+    default, which by the project's rule is the old behaviour, so results survive an upgrade that only adds
+    knobs (their hash, taken over every field, does not); a value that differs, or a file that no longer reads
+    (a knob removed), does not match."""
+    path = run_dir / "config.toml"
+    if not path.is_file():
+        return False
+    try:
+        written = load_config(type(rc), path)
+    except (ConfigError, OSError, ValueError):
+        return False
+    return config_sha256(written) == config_sha256(rc)
 
 
 def train_and_test(rc: Any, run_dir: Path, test_spec: str, eval_rows: int = 0, calibrate: str = "none"
