@@ -196,3 +196,18 @@ share = "brand"
             assert len(cate) == real[eid], eid
             seen += 1
     assert seen == len(cells) == 500 and min(real.values()) < 50 == max(real.values())
+
+
+def test_columns_of_a_spread_history_whose_types_do_not_convert_are_one_line(tmp_path, capsys):
+    """Parquet h0 holds integers, h1 text that is not one: one line naming the file and the columns."""
+    src = tmp_path / "log.parquet"
+    pq.write_table(pa.table({"user": ["u1", "u2"] * 20, "ad": [3, 4] * 20, "h0": [1, 2] * 20,
+                             "h1": ["x", "5"] * 20, "click": [0, 1] * 20}), src)
+    spec = tmp_path / "spec.toml"
+    spec.write_text(SPEC.replace('time = "ts"\n', "").format(how='columns = ["h0", "h1"]'))
+    out = tmp_path / "o"
+    assert cli_main(["convert", "table", "--src", str(src), "--schema", str(spec), "--out", str(out)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "log.parquet: columns h0, h1 (the history 'ad_history') hold values" in err[0]
+    assert not out.exists()
+

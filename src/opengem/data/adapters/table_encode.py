@@ -85,7 +85,11 @@ def prepare_lists(batch: pa.RecordBatch, spec: ImportSpec, file: Path | str = ""
     if wide:
         cols = {f.name: batch.column(i) for i, f in enumerate(batch.schema)}
         for q in wide:
-            cols[q.name] = gather_columns([cols.pop(c) for c in q.columns], q.pad)
+            try:
+                cols[q.name] = gather_columns([cols.pop(c) for c in q.columns], q.pad)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+                raise AdapterError(f"{file}: columns {', '.join(q.columns)} (the history {q.name!r}) hold "
+                                   f"values of types that do not convert to one another: {e}") from None
         batch = pa.RecordBatch.from_pydict(cols)
     have = set(batch.schema.names)  # a pass may read only some columns (the time pass: one)
     seps = {s.name: s.separator for s in [*spec.sparse, *spec.sequence] if s.separator and s.name in have}
