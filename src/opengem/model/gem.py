@@ -219,9 +219,11 @@ class GEM(nn.Module):
             x = self.wukong(e.tokens)
             h, user = x.flatten(1), x.mean(dim=1)
         if len(self.cross):
-            history = {"none": [], "summary": [user],
-                       "mean": [masked_mean(e.sequences[g]) for g in self.groups]}[self._cross_sequence]
-            x0 = torch.cat([e.tokens.flatten(1), *history], dim=1) if history else e.tokens.flatten(1)
+            x0 = e.tokens.flatten(1)
+            if self._cross_sequence == "mean":
+                x0 = torch.cat([x0, *(masked_mean(e.sequences[g]) for g in self.groups)], dim=1)
+            elif self._cross_sequence == "summary":
+                x0 = torch.cat([x0, user], dim=1)
             x0 = with_cross_attributes(x0, self.cross_attributes, batch)
             h = torch.cat([h, self.cross(x0)], dim=1)
         logits, trunk = self.head(h, batch.surface, head_context(e.dense, self.head_context_columns))

@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from opengem.data.adapters.common import AdapterError
 from opengem.data.adapters.encoders_io import KIND, encoders_from_dict, encoders_to_dict
-from opengem.data.adapters.table_encode import Chunk, Encoders, gather_columns
+from opengem.data.adapters.table_encode import Chunk, Encoders, gather_spread_histories
 from opengem.data.adapters.vocab import split_cells
 from opengem.serve.errors import ArtifactError, BadRequest
 
@@ -104,8 +104,9 @@ def raw_batch(enc: Encoders, values: dict[str, list[Any]], surface: str, n: int,
     for name, kind in raw_columns(enc).items():
         v = values[name]
         # a history sharing a feature's vocabulary is read as that feature is (prepare_lists casts it)
-        share = shares.get(history_of.get(name, name), "")
-        as_text = _read_as_text(enc, share or history_of.get(name, name), text_columns)
+        feature = history_of.get(name, name)  # a spread history's column is read as its history is
+        share = shares.get(feature, "")
+        as_text = _read_as_text(enc, share or feature, text_columns)
         if name in joined:
             v = split_joined(v, joined[name], name, share, bool(share) and not as_text)
         if kind == "num":
@@ -117,9 +118,7 @@ def raw_batch(enc: Encoders, values: dict[str, list[Any]], surface: str, n: int,
                                   pa.list_(pa.string()) if as_text else None)
     if enc.spec.surface:
         cols[enc.spec.surface] = pa.array([surface] * n, pa.string())
-    for q in enc.spec.sequence:
-        if q.columns:
-            cols[q.name] = gather_columns([cols.pop(c) for c in q.columns], q.pad)
+    gather_spread_histories(cols, enc.spec, "request")  # a type clash: BadRequest (encode.py)
     for rule in enc.spec.label_rules:
         cols.setdefault(rule.column, pa.nulls(n, pa.float64()))
     return pa.RecordBatch.from_pydict(cols)

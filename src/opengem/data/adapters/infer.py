@@ -224,16 +224,15 @@ def check_spec(spec: ImportSpec, where: str) -> None:
             if sep and key == "sparse" and not item.multi_valued:
                 raise SchemaError(f"{where}: sparse[{i}] ({item.name!r}) has a separator but multi_valued = "
                                   "false: a cell split into values is a multi-valued feature (or a sequence)")
-    read = {col for col, _ in spec.source_columns()}
-    for i, q in enumerate(spec.sequence):
-        if q.columns and q.name in read:
-            raise SchemaError(f"{where}: sequence[{i}] ({q.name!r}) is spread over columns, so its name must "
-                              "not be a column the spec reads: give the history a name of its own")
     seen: dict[str, str] = {}
     for col, role in spec.source_columns():
         if col in seen and {seen[col], role} != {"surface", "sparse"}:
             raise SchemaError(f"{where}: column {col!r} is used twice ({seen[col]} and {role})")
         seen[col] = role
+    for i, q in enumerate(spec.sequence):
+        if q.columns and q.name in seen:
+            raise SchemaError(f"{where}: sequence[{i}] ({q.name!r}) is spread over columns, so its name must "
+                              "not be a column the spec reads: give the history a name of its own")
 
 
 def _integer_text(sample: pa.RecordBatch | None, name: str) -> bool:

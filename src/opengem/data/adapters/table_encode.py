@@ -76,21 +76,31 @@ def gather_columns(columns: list[pa.Array], pad: str) -> pa.ListArray:
     return pa.ListArray.from_arrays(pa.array(offsets), flat.take(pa.array(index, pa.int64())))
 
 
-def prepare_lists(batch: pa.RecordBatch, spec: ImportSpec, file: Path | str = "") -> pa.RecordBatch:
-    """``batch`` as the encoders read it: each history the log spreads over columns gathered into one list
-    column named after it (see gather_columns), every column the spec reads with a ``separator`` split into
-    lists (see split_cells), and each history that shares a sparse feature's vocabulary holding values of
-    that feature's type (integers stay integers, so that counting, lookup and hashing agree)."""
-    wide = [q for q in spec.sequence if q.columns and set(q.columns) <= set(batch.schema.names)]
-    if wide:
-        cols = {f.name: batch.column(i) for i, f in enumerate(batch.schema)}
-        for q in wide:
+def gather_spread_histories(cols: dict[str, Any], spec: ImportSpec, file: Path | str = "") -> bool:
+    """In ``cols`` (column name -> array), each history of ``spec`` spread over columns that are all there
+    replaced by one list column named after it (gather_columns); the importer's passes and a served request's
+    raw rows both go through here. True when any was gathered."""
+    gathered = False
+    for q in spec.sequence:
+        if q.columns and all(c in cols for c in q.columns):
             try:
                 cols[q.name] = gather_columns([cols.pop(c) for c in q.columns], q.pad)
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
                 raise AdapterError(f"{file}: columns {', '.join(q.columns)} (the history {q.name!r}) hold "
                                    f"values of types that do not convert to one another: {e}") from None
-        batch = pa.RecordBatch.from_pydict(cols)
+            gathered = True
+    return gathered
+
+
+def prepare_lists(batch: pa.RecordBatch, spec: ImportSpec, file: Path | str = "") -> pa.RecordBatch:
+    """``batch`` as the encoders read it: each history the log spreads over columns gathered into one list
+    column named after it (see gather_columns), every column the spec reads with a ``separator`` split into
+    lists (see split_cells), and each history that shares a sparse feature's vocabulary holding values of
+    that feature's type (integers stay integers, so that counting, lookup and hashing agree)."""
+    if any(q.columns for q in spec.sequence):
+        cols = {f.name: batch.column(i) for i, f in enumerate(batch.schema)}
+        if gather_spread_histories(cols, spec, file):
+            batch = pa.RecordBatch.from_pydict(cols)
     have = set(batch.schema.names)  # a pass may read only some columns (the time pass: one)
     seps = {s.name: s.separator for s in [*spec.sparse, *spec.sequence] if s.separator and s.name in have}
     shared = {q.name: q.share for q in spec.sequence if q.share and {q.name, q.share} <= have}
