@@ -11,6 +11,8 @@ conversion. Inference looks at the source's column types only:
   sample writes every value as an integer: an id too large for int64, parsed by Arrow as a float);
 - list columns -> a sequence group of one id field (``<name>__id``), or, for libsvm's ``features``
   bag, a multi-valued sparse feature;
+- numbered id columns (``hist_0`` .. ``hist_49``, at least four, no gap) -> one sequence spread over them,
+  with ``pad = "0"`` where the sample lays 0 out as a filler (:mod:`infer_spread` says when);
 - CSV/TSV text columns holding lists joined by ``^`` or ``|`` (``12^7^5``, oldest first; FuxiCTR's and BARS'
   way of writing a history into a CSV cell) -> a sequence read with that ``separator`` (a bag of tags
   written so: a sparse feature with ``multi_valued = true`` and the separator; edit the spec);
@@ -30,6 +32,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from opengem.data.adapters.infer_spread import find_spread
 from opengem.data.adapters.labels import LabelRule, LabelSyntaxError, parse_label, parse_labels
 from opengem.data.adapters.vocab import split_cells
 from opengem.data.schema import SchemaError, dumps_toml, read_toml
@@ -81,7 +84,8 @@ class SequenceSpec:
     match_recent: int = 0  # with share, k > 0: the schema's match_features count the events equal to it
     # the history spread over these source columns, one event a cell, oldest first (DMR's Taobao layout: 50
     # columns of category ids); ``name`` is then the history's own name, not a column. Empty cells and cells
-    # equal to ``pad`` (the log's filler for a short history, e.g. "0") are not events.
+    # equal to ``pad`` (the log's filler for a short history, e.g. "0"; by value in a numeric column) are not
+    # events.
     columns: list[str] = field(default_factory=list)
     pad: str = ""
 
@@ -263,28 +267,37 @@ def _separator(sample: pa.RecordBatch | None, name: str) -> str:
 def infer_share(sample: pa.RecordBatch | None, seq: SequenceSpec, sparse: list[SparseSpec]) -> str:
     """The sparse feature a history's events are ids of: the longest one whose name, or its name without
     an ``_id``/``id`` ending, is part of the history's (``item_id`` in ``hist_item_id``, ``item`` in
-    ``item_history``) and among whose sampled values the most of the sampled events' distinct values are,
-    at least MIN_SHARED_OVERLAP of them ("" when none; numbers alone would not tell a user id from an item
-    id, so the name proposes and the sample chooses; without a sample, the longest name)."""
+    ``item_history``) whose sampled distinct values overlap the sampled events' the most, the overlap
+    counted as a share of the smaller of the two sets and at least MIN_SHARED_OVERLAP ("" when none; numbers
+    alone would not tell a user id from an item id, so the name proposes and the sample chooses; without a
+    sample, the longest name). The smaller set: a long history holds more distinct values than a sample's
+    ads (DMR's category histories: 13 % of theirs among the ads' categories, 85 % of the ads' among them)."""
     def stem(name: str) -> str:
         cut = name.removesuffix("_id").removesuffix("id")
         return cut if len(cut) >= 2 else name
 
     named = sorted((s for s in sparse if stem(s.name) in seq.name and not s.multi_valued),
                    key=lambda s: -len(s.name))
-    if not named or sample is None or seq.name not in sample.schema.names:
+    read = seq.columns or [seq.name]
+    if not named or sample is None or not all(c in sample.schema.names for c in read):
         return named[0].name if named else ""
-    col = sample.column(seq.name)
-    events = pc.list_flatten(split_cells(col, seq.separator)) if seq.separator else pc.list_flatten(col)
+    if seq.columns:  # a history spread over columns: its cells, without the empty and the filler ones
+        events = pc.utf8_trim_whitespace(pa.concat_arrays([pc.cast(sample.column(c), pa.string())
+                                                           for c in seq.columns]).drop_null())
+        events = events.filter(pc.and_(pc.not_equal(events, ""), pc.not_equal(events, seq.pad or "")))
+    else:
+        col = sample.column(seq.name)
+        events = pc.list_flatten(split_cells(col, seq.separator)) if seq.separator else pc.list_flatten(col)
     events = pc.unique(pc.cast(events, pa.string()))
-    best, best_hit = "", 0
+    best, best_share = "", 0.0
     for s in named:
         if s.name not in sample.schema.names or len(events) == 0:
             continue
-        values = pc.unique(pc.cast(sample.column(s.name), pa.string()))
+        values = pc.unique(pc.cast(sample.column(s.name).drop_null(), pa.string()))
         hit = int(pc.sum(pc.cast(pc.is_in(events, value_set=values), pa.int64())).as_py() or 0)
-        if hit >= MIN_SHARED_OVERLAP * len(events) and hit > best_hit:
-            best, best_hit = s.name, hit
+        share = hit / max(1, min(len(events), len(values)))
+        if share >= MIN_SHARED_OVERLAP and share > best_share:
+            best, best_share = s.name, share
     return best
 
 
@@ -294,13 +307,19 @@ def infer_spec(source: pa.Schema, name: str, labels: list[str], time: str = "", 
     """An import spec from the source's column types (see the module docstring); ``sample`` (the first
     rows: CSV as text, Parquet as stored) turns a 'float' column written as integers too large for int64 (a
     uint64 id) into a sparse one, finds the text columns whose cells join lists, and the feature whose
-    values each history's events are."""
+    values each history's events are. Numbered id columns that read as one history spread over columns
+    (``hist_0`` .. ``hist_49``) become one sequence with ``columns`` (see :mod:`infer_spread`)."""
     example_id = "example_id" if "example_id" in source.names else ""
     roles = {*(parse_label(t).column for t in labels), time, surface, example_id}
     spec = ImportSpec(name=name, labels=list(labels), time=time, surface=surface, example_id=example_id,
                       min_count=min_count, hash_buckets=hash_buckets)
+    spread = find_spread(source, sample, roles)
+    for history, columns, pad in spread:
+        spec.sequence.append(SequenceSpec(history, max_len=min(len(columns), DEFAULT_MAX_LEN),
+                                          columns=columns, pad=pad))
+    taken = roles | {c for _, columns, _ in spread for c in columns}
     for f in source:
-        if f.name in roles:
+        if f.name in taken:
             continue
         t = f.type
         if pa.types.is_list(t) or pa.types.is_large_list(t):

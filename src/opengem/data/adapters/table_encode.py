@@ -52,6 +52,27 @@ def tail_lists(arr: pa.ListArray, max_len: int) -> pa.ListArray:
     return pa.ListArray.from_arrays(pa.array(new.astype(np.int32)), values)
 
 
+def _is_pad(col: pa.Array, pad: str) -> pa.Array:
+    """Which cells of ``col`` are the filler ``pad``: by value in a numeric column (a float column writes
+    the filler 0 as 0.0, which the text "0" would miss), by trimmed text otherwise."""
+    t = col.type
+    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t):
+        none = pa.array(np.zeros(len(col), bool))
+        try:
+            value = float(pad)
+        except ValueError:
+            return none  # a text filler is in no numeric cell
+        if not pa.types.is_integer(t):
+            return pc.equal(pc.cast(col, pa.float64()), value)
+        if not value.is_integer():
+            return none
+        try:
+            return pc.equal(col, pa.scalar(int(value), t))
+        except (pa.ArrowInvalid, OverflowError):
+            return none  # out of the column's range
+    return pc.equal(pc.utf8_trim_whitespace(pc.cast(col, pa.string())), pad.strip())
+
+
 def gather_columns(columns: list[pa.Array], pad: str) -> pa.ListArray:
     """One list per row of the cells of ``columns`` in their order, without empty cells (null or blank) and
     cells equal to ``pad``: a history the log spreads over one column per event. Columns of one type keep
@@ -67,7 +88,7 @@ def gather_columns(columns: list[pa.Array], pad: str) -> pa.ListArray:
         if pa.types.is_string(kind) or pa.types.is_large_string(kind):
             ok = pc.and_(ok, pc.not_equal(pc.utf8_trim_whitespace(c), ""))
         if pad:
-            ok = pc.and_(ok, pc.not_equal(pc.cast(c, pa.string()), pad))
+            ok = pc.and_(ok, pc.invert(_is_pad(c, pad)))
         keep[j] = ok.fill_null(False).to_numpy(zero_copy_only=False)
     flat = pa.concat_arrays(cols)  # column after column: cell (row i, column j) is flat[j * n + i]
     index = (np.arange(k)[None, :] * n + np.arange(n)[:, None])[keep.T]  # row after row, columns in order
