@@ -138,6 +138,39 @@ def test_scale_fast_end_to_end(tmp_path):
     assert res["fit_form"] == "floor"
 
 
+def test_scale_reuses_runs_written_before_a_knob_was_added(tmp_path, monkeypatch):
+    """A finished run is reused when its config is the same, also when it was written by older code that
+    lacked a knob (its hash differs; its config.toml, read today, is the same); a run whose written config
+    differs in a value is trained again."""
+    import json
+
+    import opengem.train.trainer as trainer
+
+    sweep = load_sweep_config(TINY_SWEEP, ["proxy.enabled=false", "fit=floor"])
+    sweep.families = [FamilySweep(name="gem", sizes=[{"model.embedding.d": 8}, {"model.embedding.d": 16}])]
+    extra = ["data.sim.rows=1200", "data.batch_size=64"]
+    run_sweep(sweep, tmp_path, run_overrides=extra, log=lambda m: None)
+    table = (tmp_path / "scaling.csv").read_text()
+    runs = sorted(p.parent for p in tmp_path.rglob("result.json"))
+    assert len(runs) == 2
+    for run in runs:
+        rec = json.loads((run / "result.json").read_text())
+        (run / "result.json").write_text(json.dumps({**rec, "config_sha256": "written-by-older-code"}))
+        text = (run / "config.toml").read_text()
+        assert 'cross_sequence = "none"\n' in text
+        (run / "config.toml").write_text(text.replace('cross_sequence = "none"\n', ""))
+    trained = []
+    real_train = trainer.train
+    monkeypatch.setattr(trainer, "train", lambda cfg, run_dir, **kw: trained.append(run_dir) or
+                        real_train(cfg, run_dir, **kw))
+    run_sweep(sweep, tmp_path, run_overrides=extra, log=lambda m: None)
+    assert trained == [] and (tmp_path / "scaling.csv").read_text() == table
+    text = (runs[0] / "config.toml").read_text()
+    (runs[0] / "config.toml").write_text(text.replace("sparse_lr = ", "sparse_lr = 0.5 #", 1))
+    run_sweep(sweep, tmp_path, run_overrides=extra, log=lambda m: None)
+    assert trained == [runs[0]]
+
+
 @pytest.mark.slow
 def test_scale_tiny_sweep_end_to_end(tmp_path):
     from opengem.cli import main

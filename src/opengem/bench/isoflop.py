@@ -36,7 +36,6 @@ trains that many runs at once, each in its own process (bench/isoflop_worker.py)
 
 from __future__ import annotations
 
-import hashlib
 import json
 import subprocess
 import sys
@@ -48,8 +47,9 @@ from pathlib import Path
 from typing import Any
 
 from opengem.bench.isoflop_rule import Job, family_rule, run_name, run_rules
+from opengem.bench.run_identity import config_sha256, is_same_run
 from opengem.bench.size_ladder import FamilySweep, size_overrides
-from opengem.config import ConfigError, load_config, save_config, to_dict
+from opengem.config import ConfigError, load_config, save_config
 from opengem.data.commit import atomic_write_text
 from opengem.errors import TrainError
 
@@ -344,11 +344,6 @@ def latest_days(day_rows: list[tuple[str, int]], rows: int) -> str:
     return ",".join(reversed(chosen))
 
 
-def config_sha256(rc: Any) -> str:
-    """The identity of a resolved run config: a run's result is reused only under the same one."""
-    return hashlib.sha256(json.dumps(to_dict(rc), sort_keys=True, default=str).encode()).hexdigest()
-
-
 def _eval_batches(rc: Any, eval_rows: int) -> int:
     batch = rc.data.eval_batch_size or rc.data.batch_size
     return -(-eval_rows // batch) if eval_rows else 0
@@ -370,25 +365,7 @@ def _result_for(rc: Any, run_dir: Path, test_spec: str, eval_rows: int) -> dict[
     rec = json.loads(done.read_text())
     if (rec.get("test_spec"), rec.get("eval_batches")) != (test_spec, _eval_batches(rc, eval_rows)):
         return None
-    if rec.get("config_sha256") == config_sha256(rc) or same_config_as_written(rc, run_dir):
-        return rec
-    return None
-
-
-def same_config_as_written(rc: Any, run_dir: Path) -> bool:
-    """Whether RUN/config.toml, the resolved config the run wrote, read with today's config classes, is
-    ``rc``. A knob added to the code since the run was trained is missing from the file and reads as its
-    default, which by the project's rule is the old behaviour, so results survive an upgrade that only adds
-    knobs (their hash, taken over every field, does not); a value that differs, or a file that no longer reads
-    (a knob removed), does not match."""
-    path = run_dir / "config.toml"
-    if not path.is_file():
-        return False
-    try:
-        written = load_config(type(rc), path)
-    except (ConfigError, OSError, ValueError):
-        return False
-    return config_sha256(written) == config_sha256(rc)
+    return rec if is_same_run(rc, run_dir, rec.get("config_sha256")) else None
 
 
 def train_and_test(rc: Any, run_dir: Path, test_spec: str, eval_rows: int = 0, calibrate: str = "none"

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import hashlib
 import json
 import math
 import sys
@@ -31,8 +30,9 @@ from typing import Any
 import numpy as np
 
 from opengem.bench.fit import PowerLaw, efficiency_ratios, fit_power_law, spearman
+from opengem.bench.run_identity import config_sha256, is_same_run
 from opengem.bench.size_ladder import FamilySweep, metric_keys, oracle_with_totals, select_ne, size_overrides
-from opengem.config import ConfigError, load_config, save_config, to_dict
+from opengem.config import ConfigError, load_config, save_config
 from opengem.errors import UsageError
 
 FIT_FORMS = ("free", "floor")
@@ -129,14 +129,14 @@ def resolve_run(sweep: SweepConfig, fam: FamilySweep, size: list[str], proxy: bo
 
 
 def run_one(cfg: Any, run_dir: Path) -> dict[str, Any]:
-    """Train (or reuse a finished identical run); returns the record of the run."""
+    """Train (or reuse a finished run of the same config, :mod:`run_identity`); returns its record."""
     from opengem.train.trainer import train
 
-    ident = hashlib.sha256(json.dumps(to_dict(cfg), sort_keys=True, default=str).encode()).hexdigest()
+    ident = config_sha256(cfg)
     done = run_dir / "result.json"
     if done.exists():
         rec = json.loads(done.read_text())
-        if rec.get("config_sha256") == ident:
+        if is_same_run(cfg, run_dir, rec.get("config_sha256")):
             return rec
     summary = train(cfg, run_dir, data_dir=cfg.data.path, force=True)
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
