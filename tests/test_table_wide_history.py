@@ -120,6 +120,46 @@ def test_a_served_request_gives_the_spread_history_as_logged(converted):
     cands = [{k: r[k] for k in ("user", "ad", *(f"h{j}" for j in range(WIDTH)))} for r in raw]
     got = np.asarray(p.score({"surface": "all", "candidates": cands})["scores"]["click"])
     assert np.abs(got - preds["click"].to_numpy()).max() <= 1e-6
+    # ... or as one list of its events under the history's name (a feature store's form), per candidate
+    as_list = [{"user": r["user"], "ad": r["ad"], "ad_history": _events(r)} for r in raw]
+    got = np.asarray(p.score({"surface": "all", "candidates": as_list})["scores"]["click"])
+    assert np.abs(got - preds["click"].to_numpy()).max() <= 1e-6
+    # ... or in the context, for all the candidates of one user
+    r = raw[0]
+    one = p.score({"surface": "all", "context": {"user": r["user"], "ad_history": _events(r)},
+                   "candidates": [{"ad": r["ad"]}, {"ad": raw[1]["ad"]}]})["scores"]["click"]
+    logged = {f"h{j}": r[f"h{j}"] for j in range(WIDTH)}
+    spread = p.score({"surface": "all", "context": {"user": r["user"], **logged},
+                      "candidates": [{"ad": r["ad"]}, {"ad": raw[1]["ad"]}]})["scores"]["click"]
+    assert abs(one[0] - preds["click"].to_numpy()[0]) <= 1e-6 and np.allclose(one, spread, atol=1e-6)
+
+
+def _events(row: dict) -> list:
+    """A logged row's history as the list of its events (its joined cell split, ids as integers)."""
+    return [int(x) for x in row["ad_history"].split("^")] if row["ad_history"] else []
+
+
+def test_a_served_spread_history_is_given_one_way(converted):
+    root, rows = converted
+    run = root / "run"
+    if not run.exists():
+        assert cli_main(["train", "--config", str(TINY), "--data", str(root / "wide"), "--out", str(run),
+                         "train.steps=4", "train.progress=false", "train.final_eval=false",
+                         "train.threads=1"]) == 0
+    from opengem.serve.errors import BadRequest
+
+    p = Predictor.load(run, "eager")
+    r = rows[0]
+    with pytest.raises(BadRequest, match=r"history 'ad_history' is given as a list and as its column 'h0'"):
+        p.score({"surface": "all", "context": {"ad_history": [1, 2]},
+                 "candidates": [{"user": r["user"], "ad": r["ad"], "h0": 1}]})
+    with pytest.raises(BadRequest, match=r"feature 'ad_history' takes a list"):
+        p.score({"surface": "all", "candidates": [{"user": r["user"], "ad": r["ad"], "ad_history": 3}]})
+    with pytest.raises(BadRequest, match=r"candidate 1: feature 'h0' gives 'ad_history' in the other form "
+                                         r"than the context or candidate 0: give it one way"):
+        p.score({"surface": "all", "candidates": [{"user": r["user"], "ad": r["ad"], "ad_history": [3]},
+                                                  {"user": r["user"], "ad": r["ad"],
+                                                   **{f"h{j}": 0 for j in range(WIDTH)}}]})
 
 
 @pytest.mark.parametrize("how, error", [

@@ -190,12 +190,16 @@ class RequestEncoder:
         self.arrow = arrow_schema(schema)
         self.table: Encoders | None = None
         self.text_columns: frozenset[str] = frozenset()
+        self.spread: dict[str, list[str]] = {}
         if encoding is not None and encoding.get("kind") == TABLE:  # raw source values: the importer's
             self.table = encoders_from_json(dict(encoding))
             self.text_columns = frozenset(str(c) for c in encoding.get("text_columns") or ())
             seps = raw_separators(self.table)
             self.columns = {k: _Column(k, kind, separator=seps.get(k, ""))
                             for k, kind in raw_columns(self.table).items()}
+            # a history the log spreads over columns may also come as one list under its name
+            self.spread = {q.name: list(q.columns) for q in self.table.spec.sequence if q.columns}
+            self.columns.update({h: _Column(h, "cats") for h in self.spread})
         else:  # raw values are the canonical ones (ids, as the simulator writes them)
             self.columns = request_columns(schema)
         self._candidate_names = frozenset(self.columns)  # an Arrow body with all of them: _merged_arrow
@@ -252,13 +256,43 @@ class RequestEncoder:
         for k, v in context.items():
             col = self._column(k, "context")
             values[k] = [_check_value(col, v, "context")] * n
+        columns = self._wanted(context, cands)
         if isinstance(cands, pa.Table):
-            values.update(self._arrow_values(cands, context))
+            values.update(self._arrow_values(cands, context, columns))
         else:
-            values.update(self._json_values(cands, context))
+            values.update(self._json_values(cands, context, columns))
         return with_request_ts(self._canonical_table(values, surface, n), request, self.schema)
 
-    def _json_values(self, cands: list[Any], context: Mapping[str, Any]) -> dict[str, list[Any] | pa.Array]:
+    def _wanted(self, context: Mapping[str, Any], cands: list[Any] | pa.Table) -> dict[str, _Column]:
+        """The features this request must carry: a history the log spreads over columns comes either as
+        those columns, as logged, or as one list of its events under its name, whichever the request (its
+        context or its first candidate) uses."""
+        if not self.spread:
+            return self.columns
+        if isinstance(cands, pa.Table):
+            first: Any = cands.column_names
+        else:
+            first = cands[0] if isinstance(cands[0], Mapping) else {}
+        given = set(context) | set(first)
+        out = dict(self.columns)
+        for history, columns in self.spread.items():
+            if history in given:
+                both = [c for c in columns if c in given]
+                if both:
+                    raise BadRequest(f"history {history!r} is given as a list and as its column {both[0]!r}: "
+                                     f"give it one way (a list under {history!r}, or its columns as logged)")
+                for c in columns:
+                    del out[c]
+            else:
+                del out[history]
+        return out
+
+    def _history_of(self, feature: str) -> str:
+        """The spread history ``feature`` is (its name) or is a column of."""
+        return next((h for h, cols in self.spread.items() if feature == h or feature in cols), feature)
+
+    def _json_values(self, cands: list[Any], context: Mapping[str, Any],
+                     columns_wanted: dict[str, _Column]) -> dict[str, list[Any] | pa.Array]:
         """Candidate objects -> one checked column per feature. The common case (plain JSON values of the
         right types) is checked and converted per column at C speed (:func:`fast_column`; raw source
         values: a type-set check); the slow path names the first bad candidate."""
@@ -266,7 +300,7 @@ class RequestEncoder:
             for i, c in enumerate(cands):
                 if not isinstance(c, Mapping):
                     raise BadRequest(f"candidate {i}: must be an object of features, got {type(c).__name__}")
-        wanted = [k for k in self.columns if k not in context]
+        wanted = [k for k in columns_wanted if k not in context]
         allowed = frozenset(wanted)
         columns = _transpose(cands, wanted)
         # no candidate has a key beyond ``wanted`` when each has all of them (the transpose found them)
@@ -277,10 +311,14 @@ class RequestEncoder:
                 for k in c:
                     if k not in allowed:
                         self._column(k, f"candidate {i}")  # an unknown feature raises here
-                        raise BadRequest(f"candidate {i}: feature {k!r} is also in the context; give it once")
+                        if k in context:
+                            raise BadRequest(f"candidate {i}: feature {k!r} is also in the context; "
+                                             "give it once")
+                        raise BadRequest(f"candidate {i}: feature {k!r} gives {self._history_of(k)!r} in the "
+                                         "other form than the context or candidate 0: give it one way")
         values: dict[str, list[Any] | pa.Array] = {}
         for name, vals in zip(wanted, columns, strict=True):
-            col = self.columns[name]
+            col = columns_wanted[name]
             if vals is not None:
                 if self.table is None:
                     arr = fast_column(col.kind, vals)
@@ -299,7 +337,8 @@ class RequestEncoder:
                 vals[i] = _check_value(col, v, f"candidate {i}")
         return values
 
-    def _arrow_values(self, cands: pa.Table, context: Mapping[str, Any]) -> dict[str, pa.Array]:
+    def _arrow_values(self, cands: pa.Table, context: Mapping[str, Any],
+                      columns_wanted: dict[str, _Column]) -> dict[str, pa.Array]:
         """An Arrow table of candidates -> its columns as they are (``conform_table`` casts them and names
         a column of the wrong type). A column of nulls only is a feature not given, a null cell in a
         column with values a candidate that lacks it."""
@@ -317,7 +356,7 @@ class RequestEncoder:
             if pa.types.is_list(arr.type) and pa.types.is_null(arr.type.value_type):  # every list empty
                 arr = pa.array([[]] * len(arr), type=self.arrow.field(name).type)
             values[name] = arr
-        for name in self.columns:
+        for name in columns_wanted:
             if name not in values and name not in context:
                 raise BadRequest(f"missing feature {name!r} (give it in the context or in every candidate)")
         return values

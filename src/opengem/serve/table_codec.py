@@ -96,12 +96,20 @@ def raw_batch(enc: Encoders, values: dict[str, list[Any]], surface: str, n: int,
     """The request's raw rows as a source RecordBatch in the importer's column types: categorical values
     as the vocabulary keeps them (text-read sources keep strings; ``text_columns``: columns the sources
     held as text, so that a hashed one hashes a raw number's text as the importer did), joined cells
-    split (:func:`split_joined`), numbers as float64, labels unobserved."""
+    split (:func:`split_joined`), numbers as float64, labels unobserved. A history the log spreads over
+    columns comes as those columns (gathered here, as the importer gathers them) or as one list under its
+    name (its events, oldest first)."""
     cols: dict[str, pa.Array] = {}
     joined = raw_separators(enc)
     shares = {q.name: q.share for q in enc.spec.sequence if q.share}
     history_of = {c: q.name for q in enc.spec.sequence for c in q.columns}  # a spread history's columns
-    for name, kind in raw_columns(enc).items():
+    kinds = raw_columns(enc)
+    for q in enc.spec.sequence:
+        if q.columns and q.name in values:  # a spread history given as one list of its events
+            for c in q.columns:
+                del kinds[c]
+            kinds[q.name] = "cats"
+    for name, kind in kinds.items():
         v = values[name]
         # a history sharing a feature's vocabulary is read as that feature is (prepare_lists casts it)
         feature = history_of.get(name, name)  # a spread history's column is read as its history is
