@@ -138,11 +138,23 @@ def test_scale_fast_end_to_end(tmp_path):
     assert res["fit_form"] == "floor"
 
 
+def _as_written_before_a_knob(runs: list) -> None:
+    """Make finished runs look written by older code that lacked a knob: another hash (it covers every
+    field) and a config.toml without the knob (which reads as its default)."""
+    import json
+
+    for run in runs:
+        rec = json.loads((run / "result.json").read_text())
+        (run / "result.json").write_text(json.dumps({**rec, "config_sha256": "written-by-older-code"}))
+        text = (run / "config.toml").read_text()
+        assert 'cross_sequence = "none"\n' in text
+        (run / "config.toml").write_text(text.replace('cross_sequence = "none"\n', ""))
+
+
 def test_scale_reuses_runs_written_before_a_knob_was_added(tmp_path, monkeypatch):
     """A finished run is reused when its config is the same, also when it was written by older code that
     lacked a knob (its hash differs; its config.toml, read today, is the same); a run whose written config
     differs in a value is trained again."""
-    import json
 
     import opengem.train.trainer as trainer
 
@@ -153,12 +165,7 @@ def test_scale_reuses_runs_written_before_a_knob_was_added(tmp_path, monkeypatch
     table = (tmp_path / "scaling.csv").read_text()
     runs = sorted(p.parent for p in tmp_path.rglob("result.json"))
     assert len(runs) == 2
-    for run in runs:
-        rec = json.loads((run / "result.json").read_text())
-        (run / "result.json").write_text(json.dumps({**rec, "config_sha256": "written-by-older-code"}))
-        text = (run / "config.toml").read_text()
-        assert 'cross_sequence = "none"\n' in text
-        (run / "config.toml").write_text(text.replace('cross_sequence = "none"\n', ""))
+    _as_written_before_a_knob(runs)
     trained = []
     real_train = trainer.train
     monkeypatch.setattr(trainer, "train", lambda cfg, run_dir, **kw: trained.append(run_dir) or
@@ -315,12 +322,7 @@ def test_isoflop_tiny_study_end_to_end_and_resume(tmp_path):
     # results written by older code, which had fewer knobs: their hash differs (it covers every field) and
     # their config.toml lacks the knob, which reads as its default; they are still the study's runs
     runs = sorted((tmp_path / "runs").iterdir())
-    for run in runs:
-        rec = json.loads((run / "result.json").read_text())
-        (run / "result.json").write_text(json.dumps({**rec, "config_sha256": "written-by-older-code"}))
-        text = (run / "config.toml").read_text()
-        assert 'cross_sequence = "none"\n' in text
-        (run / "config.toml").write_text(text.replace('cross_sequence = "none"\n', ""))
+    _as_written_before_a_knob(runs)
     older = run_study(cfg, tmp_path, run_overrides=extra, log=lambda m: None)
     assert older["runs_trained_now"] == 0 and json_safe(older["frontier"]) == json_safe(res["frontier"])
     # ... but a run whose written config differs in a value is trained again

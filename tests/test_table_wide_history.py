@@ -105,13 +105,19 @@ def test_a_history_spread_over_columns_converts_as_the_same_history_joined(conve
     assert lengths == want and 0 in lengths and WIDTH in lengths
 
 
-def test_a_served_request_gives_the_spread_history_as_logged(converted):
-    root, rows = converted
+def _trained(root: Path) -> Path:
+    """A few steps of the tiny recipe on the wide conversion (once per source format)."""
     run = root / "run"
     if not run.exists():
         assert cli_main(["train", "--config", str(TINY), "--data", str(root / "wide"), "--out", str(run),
                          "train.steps=4", "train.progress=false", "train.final_eval=false",
                          "train.threads=1"]) == 0
+    return run
+
+
+def test_a_served_request_gives_the_spread_history_as_logged(converted):
+    root, rows = converted
+    run = _trained(root)
     assert cli_main(["predict", "--run", str(run), "--partitions", "@test", "--out",
                      str(root / "preds.parquet")]) == 0
     preds = pq.read_table(root / "preds.parquet")
@@ -141,11 +147,7 @@ def _events(row: dict) -> list:
 
 def test_a_served_spread_history_is_given_one_way(converted):
     root, rows = converted
-    run = root / "run"
-    if not run.exists():
-        assert cli_main(["train", "--config", str(TINY), "--data", str(root / "wide"), "--out", str(run),
-                         "train.steps=4", "train.progress=false", "train.final_eval=false",
-                         "train.threads=1"]) == 0
+    run = _trained(root)
     from opengem.serve.errors import BadRequest
 
     p = Predictor.load(run, "eager")
