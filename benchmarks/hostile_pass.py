@@ -167,6 +167,11 @@ def cases(w: Path) -> list[Case]:
              setup=lambda w: (_log_csv(w), write(w / "spread.toml", 'name = "x"\nlabels = ["click"]\n'
                                                  'sequence = [{ name = "seen", columns = ["ad", "ad2"], '
                                                  'pad = "0" }]\n'))))
+    add(Case("convert table: a grouped history whose row holds another number of events than its group",
+             ["convert", "table", "--src", "log.csv", "--schema", "grouped.toml", "--out", "c12"],
+             setup=lambda w: (_log_csv(w), write(w / "grouped.toml", 'name = "x"\nlabels = ["click"]\n'
+                                                 'sequence = [{ name = "hist", separator = "^" }, '
+                                                 '{ name = "ad", separator = "^", group = "hist" }]\n'))))
     add(Case("convert table: a history of ints sharing a string-keyed feature that is not one",
              ["convert", "table", "--src", "log.parquet", "--schema", "share_int.toml", "--out", "c10"],
              setup=_int_history_parquet))

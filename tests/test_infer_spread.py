@@ -143,9 +143,12 @@ def test_the_taobao_dmr_sample_infers_its_spread_histories(tmp_path) -> None:
     assert got == {"btag": (names[0:50], "0", ""), "cate": (names[50:100], "0", "cate_id"),
                    "brand_history": (names[100:150], "0", "brand")}
     assert {f"mask{j}" for j in range(50)} <= {s.name for s in spec.sparse}  # flags stay features
+    # the three are attributes of the same events (0 in the same slots): one group, headed by the category
+    assert {q.name: q.group for q in spec.sequence} == {"btag": "cate", "cate": "", "brand_history": "cate"}
     cells = [line.rstrip("\n").split(",") for line in DMR.open()]
     real = {i: sum(c[150 + j] == "1" and c[50 + j] != "0" for j in range(50)) for i, c in enumerate(cells)}
     for split in ("train", "valid", "test"):
         t = pq.read_table(out / split / "part-00000.parquet")
-        for eid, cate in zip(t.column("example_id").to_pylist(), t.column("cate__id").to_pylist()):
-            assert len(cate) == real[eid], eid
+        for eid, cate, brand in zip(t.column("example_id").to_pylist(), t.column("cate__id").to_pylist(),
+                                    t.column("cate__brand_history").to_pylist()):
+            assert len(cate) == len(brand) == real[eid], eid

@@ -13,6 +13,8 @@ conversion. Inference looks at the source's column types only:
   bag, a multi-valued sparse feature;
 - numbered id columns (``hist_0`` .. ``hist_49``, at least four, no gap) -> one sequence spread over them,
   with ``pad = "0"`` where the sample lays 0 out as a filler (:mod:`infer_spread` says when);
+- histories whose sampled event counts agree row for row (``hist_item_id`` and ``hist_cate_id``) -> one
+  sequence group, one field per history (``group``; :mod:`infer_group` says when);
 - CSV/TSV text columns holding lists joined by ``^`` or ``|`` (``12^7^5``, oldest first; FuxiCTR's and BARS'
   way of writing a history into a CSV cell) -> a sequence read with that ``separator`` (a bag of tags
   written so: a sparse feature with ``multi_valued = true`` and the separator; edit the spec);
@@ -32,6 +34,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from opengem.data.adapters.infer_group import infer_groups
 from opengem.data.adapters.infer_spread import find_spread
 from opengem.data.adapters.labels import LabelRule, LabelSyntaxError, parse_label, parse_labels
 from opengem.data.adapters.vocab import split_cells
@@ -54,7 +57,8 @@ HEADER = ("# opengem convert table: import spec. Edit it (kinds, dims, transform
           "# separator: a text column holding a list per cell ('12^7^5', oldest first) is split on it;\n"
           "# share: the sparse feature whose vocabulary and table a sequence's events use; match_recent = k\n"
           "# (with share): count the events equal to it, all and among the latest k (docs/DATA.md);\n"
-          "# columns = [...]: a history spread over columns, one event a cell, oldest first (pad: filler).\n")
+          "# columns = [...]: a history spread over columns, one event a cell, oldest first (pad: filler);\n"
+          "# group = H: these events are another attribute of history H's (the same events, in order).\n")
 
 
 @dataclass
@@ -88,6 +92,15 @@ class SequenceSpec:
     # events.
     columns: list[str] = field(default_factory=list)
     pad: str = ""
+    # another [[sequence]] whose events these are a further attribute of (the same events in the same order:
+    # a DIN log's hist_cate_id beside hist_item_id, DMR's brand and behaviour type beside the category): one
+    # sequence group with one field per attribute, so a model reads each event whole. Each row's lists
+    # must have the same length; the group's max_len applies
+    group: str = ""
+
+    def output_column(self) -> str:
+        """The canonical column of these events: ``<name>__id``, or ``<group>__<name>`` in a group."""
+        return f"{self.group}__{self.name}" if self.group else f"{self.name}__id"
 
 
 @dataclass
@@ -183,7 +196,7 @@ def check_spec(spec: ImportSpec, where: str) -> None:
         rules = parse_labels(spec.labels)
     except LabelSyntaxError as e:
         raise SchemaError(f"{where}: labels: {e}") from None
-    outputs = {s.name for s in spec.sparse} | {f"{q.name}__id" for q in spec.sequence}
+    outputs = {s.name for s in spec.sparse} | {q.output_column() for q in spec.sequence}
     for d in spec.dense:
         outputs |= {d.name, f"{d.name}_missing"}
     clash = [r.name for r in rules if r.name in outputs]
@@ -201,7 +214,15 @@ def check_spec(spec: ImportSpec, where: str) -> None:
             raise SchemaError(f"{where}: dense[{i}].transform: {d.transform!r} is not one of "
                               f"{', '.join(TRANSFORMS)}")
     sparse_names = {s.name for s in spec.sparse}
+    heads = {q.name for q in spec.sequence if not q.group}
     for i, q in enumerate(spec.sequence):
+        if not isinstance(q.group, str) or (q.group and q.group not in heads):
+            known = ", ".join(sorted(heads)) or "none"
+            raise SchemaError(f"{where}: sequence[{i}].group: {q.group!r} is not the name of another "
+                              f"[[sequence]] of the spec outside any group ({known})")
+        if q.group and q.name == "id":
+            raise SchemaError(f"{where}: sequence[{i}]: a grouped history may not be called 'id' (the name "
+                              "of its group's first field)")
         if not isinstance(q.max_len, int) or q.max_len < 1:
             raise SchemaError(f"{where}: sequence[{i}].max_len must be an integer >= 1")
         if not isinstance(q.match_recent, int) or q.match_recent < 0 or (q.match_recent and not q.share):
@@ -308,7 +329,8 @@ def infer_spec(source: pa.Schema, name: str, labels: list[str], time: str = "", 
     rows: CSV as text, Parquet as stored) turns a 'float' column written as integers too large for int64 (a
     uint64 id) into a sparse one, finds the text columns whose cells join lists, and the feature whose
     values each history's events are. Numbered id columns that read as one history spread over columns
-    (``hist_0`` .. ``hist_49``) become one sequence with ``columns`` (see :mod:`infer_spread`)."""
+    (``hist_0`` .. ``hist_49``) become one sequence with ``columns`` (see :mod:`infer_spread`); histories
+    whose sampled event counts agree row for row become one group (see :mod:`infer_group`)."""
     example_id = "example_id" if "example_id" in source.names else ""
     roles = {*(parse_label(t).column for t in labels), time, surface, example_id}
     spec = ImportSpec(name=name, labels=list(labels), time=time, surface=surface, example_id=example_id,
@@ -338,4 +360,5 @@ def infer_spec(source: pa.Schema, name: str, labels: list[str], time: str = "", 
             spec.ignore.append(f.name)  # timestamps, binary, structs: not a feature without a decision
     for q in spec.sequence:
         q.share = infer_share(sample, q, spec.sparse)
+    infer_groups(sample, spec.sequence)
     return spec

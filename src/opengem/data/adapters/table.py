@@ -193,23 +193,27 @@ def output_schema(job: TableJob, enc: Encoders) -> FeatureSchema:
         dense.append({"name": d.name})
         if d.missing_indicator:
             dense.append({"name": f"{d.name}_missing"})
-    seqs = []
+    seqs: dict[str, dict] = {}
     tables = {d["name"]: d for d in sparse}
-    for q in spec.sequence:
+    for q in sorted(spec.sequence, key=lambda q: bool(q.group)):  # each group's first field first
         size = enc.vocabs[q.name].size
         dim = q.dim or (4 if size <= 16 else 8 if size <= 256 else 16)
         # a history of an item's ids reads that item's table (the same rows, as the named adapters share
         # them); otherwise the table is named after its column: two histories, or a history beside a feature
         # called "id", must not share (or clash on) one table "id"
-        table = f"{q.name}__id"
+        table = q.output_column()
         if q.share:
             table, dim = tables[q.share].get("table", q.share), tables[q.share]["dim"]
-        seqs.append({"name": q.name, "max_len": q.max_len, "on_overflow": "truncate",
-                     "fields": [{"name": "id", "vocab": size, "dim": dim, "table": table}]})
-    matches = [{"sequence": q.name, "field": "id", "feature": q.share, "recent": q.match_recent}
-               for q in spec.sequence if q.share and q.match_recent]
+        f = {"name": q.name if q.group else "id", "vocab": size, "dim": dim, "table": table}
+        if q.group:  # one more attribute of the group's events
+            seqs[q.group]["fields"].append(f)
+        else:
+            seqs[q.name] = {"name": q.name, "max_len": q.max_len, "on_overflow": "truncate", "fields": [f]}
+    matches = [{"sequence": q.group or q.name, "field": q.name if q.group else "id", "feature": q.share,
+                "recent": q.match_recent} for q in spec.sequence if q.share and q.match_recent]
     return FeatureSchema.from_dict({
-        "name": spec.name, "surfaces": enc.surfaces, "sparse": sparse, "dense": dense, "sequence": seqs,
+        "name": spec.name, "surfaces": enc.surfaces, "sparse": sparse, "dense": dense,
+        "sequence": list(seqs.values()),
         "task": [{"name": c} for c in spec.task_names], **({"match_features": matches} if matches else {}),
     }, source=f"convert table {spec.name}")
 

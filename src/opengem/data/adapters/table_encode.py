@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from opengem.data.adapters.common import AdapterError
-from opengem.data.adapters.infer import ImportSpec
+from opengem.data.adapters.infer import ImportSpec, SequenceSpec
 from opengem.data.adapters.labels import LabelRule
 from opengem.data.adapters.vocab import (
     CategoryCounter,
@@ -203,13 +203,31 @@ class Encoders:
             cols[d.name] = np.where(missing, 0.0, y).astype(np.float32)
             if d.missing_indicator:
                 cols[f"{d.name}_missing"] = missing.astype(np.float32)
-        for q in self.spec.sequence:
+        heads = {q.name: q for q in self.spec.sequence if not q.group}
+        lengths: dict[str, np.ndarray] = {}
+        for q in sorted(self.spec.sequence, key=lambda q: bool(q.group)):  # each group's first field first
             ids = self.vocabs[q.name].encode(b.column(q.name))
-            cols[f"{q.name}__id"] = tail_lists(ids, q.max_len)
+            n_events = np.diff(ids.offsets.to_numpy())
+            if q.group:
+                _check_aligned(n_events, lengths[q.group], q, chunk)
+            else:
+                lengths[q.name] = n_events
+            cols[q.output_column()] = tail_lists(ids, heads[q.group or q.name].max_len)
         for rule in self.spec.label_rules:
             y = rule.apply(_floats(b.column(rule.column))).astype(np.float32)
             cols[rule.name] = pa.array(y, mask=np.isnan(y))  # not observed: null, as the contract has it
         return pa.table({f.name: cols[f.name] for f in _arrow_fields(schema)})
+
+
+def _check_aligned(n_events: np.ndarray, n_group: np.ndarray, q: SequenceSpec, chunk: Chunk) -> None:
+    """A grouped history holds one attribute of its group's events: as many in every row."""
+    bad = np.flatnonzero(n_events != n_group)
+    if len(bad):
+        j = int(bad[0])
+        raise AdapterError(f"{chunk.file}: column {q.name!r} (sequence in the group {q.group!r}) holds "
+                           f"{int(n_events[j])} events at data row {int(chunk.rows[j])} (from 0, over the "
+                           f"files in order) where {q.group!r} holds {int(n_group[j])}: a grouped history "
+                           "gives one value per event of its group")
 
 
 def _arrow_fields(schema: FeatureSchema) -> list[pa.Field]:
