@@ -14,7 +14,7 @@
 #   rule: gem_r64w8 replaces the recipe iff its paired 95 % t interval of the validation mean NE
 #   ((all/click + all/conversion) / 2) minus the recipe's lies below 0; the test day is reported, never used.
 #   bash run.sh DATA OUT "5 6 7 8 9"    # cwd: the repository; DATA: the demo's data
-source "$(dirname "$0")/../screen_lib.sh" "$1" "$2"
+source "$(dirname "$0")/../../2026-12-06-s41/screen_lib.sh" "$1" "$2"
 SEEDS=${3:-"5 6 7 8 9"}
 GEM="model.name=gem train.lr=3e-3"
 for s in $SEEDS; do
