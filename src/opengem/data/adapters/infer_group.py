@@ -11,7 +11,7 @@ in column order.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -19,8 +19,17 @@ import pyarrow.compute as pc
 
 from opengem.data.adapters.vocab import split_cells
 
-if TYPE_CHECKING:
-    from opengem.data.adapters.infer import SequenceSpec
+
+class SequenceSpec(Protocol):
+    """What grouping reads of an import spec's [[sequence]] (``infer.SequenceSpec``; a protocol, so that
+    this module does not import the one that calls it)."""
+
+    name: str
+    columns: list[str]
+    pad: str
+    separator: str
+    share: str
+    group: str
 
 
 def sample_lengths(sample: pa.RecordBatch, q: SequenceSpec) -> np.ndarray | None:
