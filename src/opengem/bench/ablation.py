@@ -45,11 +45,10 @@ from opengem.bench.isoflop import (
     plan_grid,
     prepare_study,
     run_name,
-    selection_ne,
     train_and_test,
     train_in_worker_process,
 )
-from opengem.bench.size_ladder import FamilySweep
+from opengem.bench.size_ladder import FamilySweep, selection_ne
 from opengem.config import ConfigError, load_config, save_config
 from opengem.errors import TrainError
 

@@ -48,7 +48,7 @@ from typing import Any
 
 from opengem.bench.isoflop_rule import Job, family_rule, run_name, run_rules
 from opengem.bench.run_identity import config_sha256, is_same_run
-from opengem.bench.size_ladder import FamilySweep, size_overrides
+from opengem.bench.size_ladder import FamilySweep, selection_ne, size_overrides
 from opengem.config import ConfigError, load_config, save_config
 from opengem.data.commit import atomic_write_text
 from opengem.errors import TrainError
@@ -537,15 +537,6 @@ def prepare_study(cfg: IsoflopConfig, out: Path, data_dir: str | Path | None, ex
             ladder.append(int(build_model(ds.schema, rc.model).flops_per_example()))
         st.fwd[fam.name] = ladder
     return st
-
-
-def selection_ne(metrics: dict[str, Any] | None, metric: str) -> float:
-    """The one NE a run is ranked by (``metric``, see IsoflopConfig); NaN when a key is missing."""
-    from opengem.bench.size_ladder import metric_keys, select_ne
-
-    if not metrics:
-        return float("nan")
-    return select_ne(metrics, metric_keys(metric, sorted(metrics)))
 
 
 def run_study(cfg: IsoflopConfig, out: str | Path, data_dir: str | Path | None = None,

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from opengem.bench.fit import PowerLaw, fit_power_law, mean_ci, percentile_interval, t975
-from opengem.bench.size_ladder import metric_keys
+from opengem.bench.size_ladder import metric_keys, selection_ne
 
 POOLED_BOUNDS = (0.95, 1.05)
 CELL_BOUNDS = (0.85, 1.15)
@@ -71,7 +71,6 @@ def summarize_study(cfg: Any, st: Any, records: list[dict[str, Any]], lr_choice:
     """The frontier, laws, efficiency ratios and differences from the runs; a frontier run named in
     ``rescored`` (``frontier_test_rows``) is scored by those test metrics instead of its own. ``lr_sizes``:
     per family, per budget, per size the rate that size trained at."""
-    from opengem.bench.isoflop import selection_ne
     from opengem.bench.size_ladder import oracle_with_totals
     from opengem.data.dataset import Dataset
 

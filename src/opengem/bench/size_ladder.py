@@ -51,6 +51,14 @@ def select_ne(metrics: dict[str, dict[str, Any]], keys: list[str]) -> float:
     return float(np.mean(vals)) if len(vals) == len(keys) and vals else float("nan")
 
 
+def selection_ne(metrics: dict[str, Any] | None, metric: str) -> float:
+    """The one NE a run is ranked by (``metric``: a study's config), over the keys ``metric_keys`` picks from
+    the run's own; NaN when a key is missing."""
+    if not metrics:
+        return float("nan")
+    return select_ne(metrics, metric_keys(metric, sorted(metrics)))
+
+
 def metric_keys(metric: str, available: list[str]) -> list[str]:
     if metric == "surface_task":
         keys = [k for k in available if not k.startswith("all/")]
