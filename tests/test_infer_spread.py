@@ -5,7 +5,6 @@ history alone (flags, floats, gaps, three columns); a filler in a numeric column
 from __future__ import annotations
 
 import csv
-import os
 import warnings
 from pathlib import Path
 
@@ -14,14 +13,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from dmr_layout import COLUMNS, DMR, needs_dmr, real_event_counts
 from opengem.cli import main as cli_main
 from opengem.data.adapters.infer import SequenceSpec, SparseSpec, infer_share, load_spec
 from opengem.data.adapters.infer_spread import find_spread
 from opengem.data.adapters.table_encode import gather_columns
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = Path(os.environ.get("OPENGEM_DATA") or ROOT.parent / "shared" / "data")
-DMR = DATA / "taobao_ad_dmr_sample" / "alimama_sampled_train.txt"
 WIDTH = 12  # more than 10, so that hist_ad_10 must sort after hist_ad_9
 warnings.filterwarnings("ignore", category=FutureWarning)
 
@@ -127,13 +125,9 @@ def test_the_filler_is_matched_by_value_in_a_numeric_column(columns, pad, want) 
     assert gather_columns(columns, pad).to_pylist() == want
 
 
-@pytest.mark.skipif(not DMR.exists(),
-                    reason=f"real data not found at {DMR} (set $OPENGEM_DATA or provide ../shared/data)")
+@needs_dmr
 def test_the_taobao_dmr_sample_infers_its_spread_histories(tmp_path) -> None:
-    names = ([f"{kind}{j}" for kind in ("btag", "cate", "brand", "mask", "match") for j in range(50)]
-             + ["uid", "cms_segid", "cms_group_id", "gender", "age_level", "pvalue_level", "shopping_level",
-                "occupation", "new_user_class_level", "adgroup_id", "cate_id", "campaign_id", "customer_id",
-                "brand", "price", "pid", "label"])
+    names = COLUMNS
     out = tmp_path / "dmr"
     assert cli_main(["convert", "table", "--src", str(DMR), "--format", "csv", "--columns", ",".join(names),
                      "--label", "label", "--surface", "pid", "--infer-schema", "--out", str(out),
@@ -145,8 +139,7 @@ def test_the_taobao_dmr_sample_infers_its_spread_histories(tmp_path) -> None:
     assert {f"mask{j}" for j in range(50)} <= {s.name for s in spec.sparse}  # flags stay features
     # the three are attributes of the same events (0 in the same slots): one group, headed by the category
     assert {q.name: q.group for q in spec.sequence} == {"btag": "cate", "cate": "", "brand_history": "cate"}
-    cells = [line.rstrip("\n").split(",") for line in DMR.open()]
-    real = {i: sum(c[150 + j] == "1" and c[50 + j] != "0" for j in range(50)) for i, c in enumerate(cells)}
+    real = real_event_counts()
     for split in ("train", "valid", "test"):
         t = pq.read_table(out / split / "part-00000.parquet")
         for eid, cate, brand in zip(t.column("example_id").to_pylist(), t.column("cate__id").to_pylist(),

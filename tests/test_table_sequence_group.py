@@ -7,7 +7,6 @@ scores as ``opengem predict``."""
 from __future__ import annotations
 
 import csv
-import os
 import warnings
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from dmr_layout import COLUMNS, DMR, needs_dmr, real_event_counts
 from opengem.cli import main as cli_main
 from opengem.data.adapters.infer import SequenceSpec, load_spec
 from opengem.data.adapters.infer_group import infer_groups
@@ -24,8 +24,6 @@ from opengem.serve.predictor import Predictor
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny.toml"
-DATA = Path(os.environ.get("OPENGEM_DATA") or ROOT.parent / "shared" / "data")
-DMR = DATA / "taobao_ad_dmr_sample" / "alimama_sampled_train.txt"
 warnings.filterwarnings("ignore", category=FutureWarning)
 
 SPEC = """name = "din"
@@ -169,15 +167,11 @@ def test_inference_groups_only_what_the_sample_shows_aligned(a, b, grouped):
     assert [q.group for q in seqs] == (["", "hist_a"] if grouped else ["", ""])
 
 
-@pytest.mark.skipif(not DMR.exists(),
-                    reason=f"real data not found at {DMR} (set $OPENGEM_DATA or provide ../shared/data)")
+@needs_dmr
 def test_the_taobao_dmr_sample_groups_category_brand_and_behaviour(tmp_path):
     """The real layout: category, brand and behaviour type of each event in columns 50-99, 100-149 and
     0-49, 0 in the same slots of all three where the history is shorter."""
-    names = ([f"{kind}{j}" for kind in ("btag", "cate", "brand", "mask", "match") for j in range(50)]
-             + ["uid", "cms_segid", "cms_group_id", "gender", "age_level", "pvalue_level", "shopping_level",
-                "occupation", "new_user_class_level", "adgroup_id", "cate_id", "campaign_id", "customer_id",
-                "brand", "price", "pid", "label"])
+    names = COLUMNS
 
     def cols(k: int) -> str:
         return "[" + ", ".join(f'"{n}"' for n in names[50 * k:50 * k + 50]) + "]"
@@ -216,8 +210,7 @@ group = "behaviour"
     schema = FeatureSchema.load(out / "schema.toml")
     assert [(g.name, [f.name for f in g.fields]) for g in schema.sequences] == [
         ("behaviour", ["id", "brand_of_event", "btag"])]
-    cells = [line.rstrip("\n").split(",") for line in DMR.open()]
-    real = {i: sum(c[150 + j] == "1" and c[50 + j] != "0" for j in range(50)) for i, c in enumerate(cells)}
+    real = real_event_counts()
     for split in ("train", "valid", "test"):
         t = pq.read_table(out / split / "part-00000.parquet")
         for eid, *lists in zip(t.column("example_id").to_pylist(), t.column("behaviour__id").to_pylist(),

@@ -6,7 +6,6 @@ refuses what cannot be meant."""
 from __future__ import annotations
 
 import csv
-import os
 import warnings
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from dmr_layout import COLUMNS, DMR, needs_dmr, real_event_counts
 from opengem.cli import main as cli_main
 from opengem.data.adapters.infer import load_spec
 from opengem.data.schema import SchemaError
@@ -22,8 +22,6 @@ from opengem.serve.predictor import Predictor
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny.toml"
-DATA = Path(os.environ.get("OPENGEM_DATA") or ROOT.parent / "shared" / "data")
-DMR = DATA / "taobao_ad_dmr_sample" / "alimama_sampled_train.txt"
 WIDTH = 6
 warnings.filterwarnings("ignore", category=FutureWarning)
 
@@ -192,15 +190,11 @@ def test_a_missing_column_of_a_spread_history_is_named(tmp_path, capsys):
     assert "missing your column(s) h9 (sequence)" in err and "Traceback" not in err and not out.exists()
 
 
-@pytest.mark.skipif(not DMR.exists(),
-                    reason=f"real data not found at {DMR} (set $OPENGEM_DATA or provide ../shared/data)")
+@needs_dmr
 def test_the_taobao_dmr_sample_reads_its_fifty_column_histories(tmp_path):
     """The real layout: 267 headerless columns, the category and brand histories in columns 50-99 and
     100-149, their real slots marked by the mask columns 150-199 and the others holding 0."""
-    names = ([f"{kind}{j}" for kind in ("btag", "cate", "brand", "mask", "match") for j in range(50)]
-             + ["uid", "cms_segid", "cms_group_id", "gender", "age_level", "pvalue_level", "shopping_level",
-                "occupation", "new_user_class_level", "adgroup_id", "cate_id", "campaign_id", "customer_id",
-                "brand", "price", "pid", "label"])
+    names = COLUMNS
     spec = tmp_path / "dmr.toml"
     spec.write_text(f"""name = "taobao_dmr"
 labels = ["label"]
@@ -229,15 +223,14 @@ share = "brand"
     out = tmp_path / "dmr"
     assert cli_main(["convert", "table", "--src", str(DMR), "--format", "csv", "--columns", ",".join(names),
                      "--schema", str(spec), "--out", str(out), "--min-count", "1", "--no-shuffle"]) == 0
-    cells = [line.rstrip("\n").split(",") for line in DMR.open()]
-    real = {i: sum(c[150 + j] == "1" and c[50 + j] != "0" for j in range(50)) for i, c in enumerate(cells)}
+    real = real_event_counts()
     seen = 0
     for split in ("train", "valid", "test"):
         t = pq.read_table(out / split / "part-00000.parquet")
         for eid, cate in zip(t.column("example_id").to_pylist(), t.column("cate_his__id").to_pylist()):
             assert len(cate) == real[eid], eid
             seen += 1
-    assert seen == len(cells) == 500 and min(real.values()) < 50 == max(real.values())
+    assert seen == len(real) == 500 and min(real.values()) < 50 == max(real.values())
 
 
 def test_columns_of_a_spread_history_whose_types_do_not_convert_are_one_line(tmp_path, capsys):
