@@ -19,7 +19,6 @@ from opengem.data.adapters.infer import SequenceSpec, SparseSpec, infer_share, l
 from opengem.data.adapters.infer_spread import find_spread
 from opengem.data.adapters.table_encode import gather_columns
 
-ROOT = Path(__file__).resolve().parents[1]
 WIDTH = 12  # more than 10, so that hist_ad_10 must sort after hist_ad_9
 warnings.filterwarnings("ignore", category=FutureWarning)
 
