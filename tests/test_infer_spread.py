@@ -17,7 +17,7 @@ from dmr_layout import COLUMNS, DMR, needs_dmr, real_event_counts
 from opengem.cli import main as cli_main
 from opengem.data.adapters.infer import SequenceSpec, SparseSpec, infer_share, load_spec
 from opengem.data.adapters.infer_spread import find_spread
-from opengem.data.adapters.table_encode import gather_columns
+from opengem.data.adapters.vocab import gather_columns
 
 WIDTH = 12  # more than 10, so that hist_ad_10 must sort after hist_ad_9
 warnings.filterwarnings("ignore", category=FutureWarning)

@@ -37,7 +37,7 @@ import pyarrow.compute as pc
 from opengem.data.adapters.infer_group import infer_groups
 from opengem.data.adapters.infer_spread import find_spread
 from opengem.data.adapters.labels import LabelRule, LabelSyntaxError, parse_label, parse_labels
-from opengem.data.adapters.vocab import split_cells
+from opengem.data.adapters.vocab import gather_columns, split_cells
 from opengem.data.schema import SchemaError, dumps_toml, read_toml
 
 TRANSFORMS = ("standardize", "log1p", "none")
@@ -302,10 +302,9 @@ def infer_share(sample: pa.RecordBatch | None, seq: SequenceSpec, sparse: list[S
     read = seq.columns or [seq.name]
     if not named or sample is None or not all(c in sample.schema.names for c in read):
         return named[0].name if named else ""
-    if seq.columns:  # a history spread over columns: its cells, without the empty and the filler ones
-        events = pc.utf8_trim_whitespace(pa.concat_arrays([pc.cast(sample.column(c), pa.string())
-                                                           for c in seq.columns]).drop_null())
-        events = events.filter(pc.and_(pc.not_equal(events, ""), pc.not_equal(events, seq.pad or "")))
+    if seq.columns:  # a history spread over columns: its events as the importer gathers them (as text)
+        events = pc.list_flatten(gather_columns([pc.cast(sample.column(c), pa.string()) for c in seq.columns],
+                                                seq.pad))
     else:
         col = sample.column(seq.name)
         events = pc.list_flatten(split_cells(col, seq.separator)) if seq.separator else pc.list_flatten(col)

@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from opengem.data.adapters.vocab import split_cells
+from opengem.data.adapters.vocab import gather_columns, split_cells
 
 
 class SequenceSpec(Protocol):
@@ -33,22 +33,19 @@ class SequenceSpec(Protocol):
 
 
 def sample_lengths(sample: pa.RecordBatch, q: SequenceSpec) -> np.ndarray | None:
-    """Each sampled row's event count of history ``q`` as the importer will read it (None when the sample
-    lacks one of its columns)."""
+    """Each sampled row's event count of history ``q`` as the importer will read it (its gathering of spread
+    cells, its splitting of joined ones, over the sample's text; None when the sample lacks one of its
+    columns)."""
     names = sample.schema.names
     if q.columns:
         if not all(c in names for c in q.columns):
             return None
-        n = np.zeros(sample.num_rows, np.int64)
-        for c in q.columns:
-            text = pc.utf8_trim_whitespace(pc.fill_null(pc.cast(sample.column(c), pa.string()), ""))
-            event = pc.and_(pc.not_equal(text, ""), pc.not_equal(text, q.pad.strip() or ""))
-            n += event.to_numpy(zero_copy_only=False).astype(np.int64)
-        return n
-    if q.name not in names:
+        lists = gather_columns([pc.cast(sample.column(c), pa.string()) for c in q.columns], q.pad)
+    elif q.name not in names:
         return None
-    col = sample.column(q.name)
-    lists = split_cells(col, q.separator) if q.separator else col
+    else:
+        col = sample.column(q.name)
+        lists = split_cells(col, q.separator) if q.separator else col
     if not (pa.types.is_list(lists.type) or pa.types.is_large_list(lists.type)):
         return None
     return pc.fill_null(pc.list_value_length(lists), 0).to_numpy(zero_copy_only=False).astype(np.int64)

@@ -25,6 +25,7 @@ from opengem.data.adapters.vocab import (
     CategoryVocab,
     DenseStats,
     categorical_key,
+    gather_columns,
     split_cells,
 )
 from opengem.data.dataset import arrow_schema
@@ -50,51 +51,6 @@ def tail_lists(arr: pa.ListArray, max_len: int) -> pa.ListArray:
     idx = np.repeat(offsets[1:] - keep - new[:-1], keep) + np.arange(new[-1])
     values = arr.values.take(pa.array(idx - offsets[0]))
     return pa.ListArray.from_arrays(pa.array(new.astype(np.int32)), values)
-
-
-def _is_pad(col: pa.Array, pad: str) -> pa.Array:
-    """Which cells of ``col`` are the filler ``pad``: by value in a numeric column (a float column writes
-    the filler 0 as 0.0, which the text "0" would miss), by trimmed text otherwise."""
-    t = col.type
-    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t):
-        none = pa.array(np.zeros(len(col), bool))
-        try:
-            value = float(pad)
-        except ValueError:
-            return none  # a text filler is in no numeric cell
-        if not pa.types.is_integer(t):
-            return pc.equal(pc.cast(col, pa.float64()), value)
-        if not value.is_integer():
-            return none
-        try:
-            return pc.equal(col, pa.scalar(int(value), t))
-        except (pa.ArrowInvalid, OverflowError):
-            return none  # out of the column's range
-    return pc.equal(pc.utf8_trim_whitespace(pc.cast(col, pa.string())), pad.strip())
-
-
-def gather_columns(columns: list[pa.Array], pad: str) -> pa.ListArray:
-    """One list per row of the cells of ``columns`` in their order, without empty cells (null or blank) and
-    cells equal to ``pad``: a history the log spreads over one column per event. Columns of one type keep
-    it; mixed types (a CSV column of empty cells reads as null, its neighbours as integers) are cast to the
-    type of the first non-null column, as one history holds values of one type."""
-    n, k = len(columns[0]), len(columns)
-    kinds = [c.type for c in columns if not pa.types.is_null(c.type)]
-    kind = kinds[0] if kinds else pa.string()
-    cols = [c if c.type == kind else pc.cast(c, kind) for c in columns]
-    keep = np.empty((k, n), dtype=bool)
-    for j, c in enumerate(cols):
-        ok = c.is_valid()
-        if pa.types.is_string(kind) or pa.types.is_large_string(kind):
-            ok = pc.and_(ok, pc.not_equal(pc.utf8_trim_whitespace(c), ""))
-        if pad:
-            ok = pc.and_(ok, pc.invert(_is_pad(c, pad)))
-        keep[j] = ok.fill_null(False).to_numpy(zero_copy_only=False)
-    flat = pa.concat_arrays(cols)  # column after column: cell (row i, column j) is flat[j * n + i]
-    index = (np.arange(k)[None, :] * n + np.arange(n)[:, None])[keep.T]  # row after row, columns in order
-    offsets = np.zeros(n + 1, np.int32)
-    np.cumsum(keep.sum(axis=0), out=offsets[1:])
-    return pa.ListArray.from_arrays(pa.array(offsets), flat.take(pa.array(index, pa.int64())))
 
 
 def gather_spread_histories(cols: dict[str, Any], spec: ImportSpec, file: Path | str = "") -> bool:
