@@ -46,9 +46,9 @@ from opengem.bench.isoflop import (
     prepare_study,
     run_name,
     train_and_test,
-    train_in_worker_process,
 )
 from opengem.bench.size_ladder import FamilySweep, selection_ne
+from opengem.bench.worker_process import train_in_worker_process
 from opengem.config import ConfigError, load_config, save_config
 from opengem.errors import TrainError
 

@@ -1,6 +1,6 @@
 """One run of an ablation study in a process of its own: what the study starts for each run when
-``workers`` > 1 (a fresh interpreter per run, so that runs side by side share no threads, caches or
-allocator state).
+``workers`` > 1 (a process per run, so that runs side by side share no threads, caches or allocator
+state; forked from a server that imported this module once, bench/worker_process.py, or started as below).
 
     python -m opengem.bench.ablation_worker OUT/ablation.toml OUT DATA CONFIG LR|recipe SEED PROXY|- \
         [OVERRIDE...]

@@ -31,13 +31,13 @@ The summary (bench/isoflop_report.py) turns the runs into the frontier, fitted l
 
 Each family's rule is a chain of batches of runs that do not depend on one another (the grid's rates, a
 budget's sizes, the extra seeds), and families never depend on each other; with ``workers`` > 1 the study
-trains that many runs at once, each in its own process (bench/isoflop_worker.py), longest first.
+trains that many runs at once, each in its own process (bench/isoflop_worker.py, forked from a server
+that imported it once: bench/worker_process.py), longest first.
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import threading
 import time
@@ -49,6 +49,7 @@ from typing import Any
 from opengem.bench.isoflop_rule import Job, family_rule, run_name, run_rules
 from opengem.bench.run_identity import config_sha256, is_same_run
 from opengem.bench.size_ladder import FamilySweep, selection_ne, size_overrides
+from opengem.bench.worker_process import train_in_worker_process
 from opengem.config import ConfigError, load_config, save_config
 from opengem.data.commit import atomic_write_text
 from opengem.errors import TrainError
@@ -700,24 +701,9 @@ def _record_order(r: dict[str, Any], families: list[str]) -> tuple[Any, ...]:
 
 
 def _train_in_process_of_its_own(out: Path, st: Study, job: Job, run_dir: Path) -> dict[str, Any]:
-    """Train one run with bench/isoflop_worker.py in a fresh Python process, as the study would here."""
+    """Train one run with bench/isoflop_worker.py in a process of its own, as the study would here."""
     return train_in_worker_process(
         "opengem.bench.isoflop_worker",
         [str(out / "isoflop.toml"), str(out), str(st.data), job.family, str(job.size), str(job.budget),
          "recipe" if job.lr is None else format(job.lr, "g"), str(job.seed), *st.extra],
         out, run_dir, "isoflop")
-
-
-def train_in_worker_process(module: str, args: list[str], out: Path, run_dir: Path, study: str
-                            ) -> dict[str, Any]:
-    """``python -m module args`` (a study's worker: trains the run into ``run_dir``), its output in
-    OUT/logs/<run>.txt; returns RUN/result.json; TrainError naming the log when the run fails."""
-    logs = out / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    log_path = logs / f"{run_dir.name}.txt"
-    with open(log_path, "w") as fh:
-        code = subprocess.call([sys.executable, "-m", module, *args], stdout=fh, stderr=subprocess.STDOUT)
-    if code != 0 or not (run_dir / "result.json").exists():
-        tail = log_path.read_text().strip().splitlines()[-1:] or ["(no output)"]
-        raise TrainError(f"{study}: run {run_dir.name} failed (exit {code}): {tail[0]} (log: {log_path})")
-    return json.loads((run_dir / "result.json").read_text())
