@@ -7,24 +7,41 @@ fresh predictions on each window. Both are evaluated on the VM's rows, so each h
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
 
 from opengem.config import ConfigError
 from opengem.transfer.adapter import StudentAdapter
+from opengem.transfer.experiment_config import ExperimentConfig
 from opengem.transfer.knowledge import KnowledgeTable, read_labels
 from opengem.transfer.preds import align_rows, concat_preds
 from opengem.transfer.vertical import build_vm_dataset, derive_vm_schema
-from opengem.transfer.vm_train import ArmConfig, clone_arm
+from opengem.transfer.vm_train import ArmConfig, ProgressiveStudent, clone_arm
 
-if TYPE_CHECKING:
-    from opengem.transfer.seed_run import SeedRun
+
+class SeedWindows(Protocol):
+    """What the hierarchical arm reads of one seed's run (transfer/seed_run.py's SeedRun, which calls this
+    module: a Protocol, so that this module needs nothing of its caller)."""
+
+    cfg: ExperimentConfig
+    schema: Any
+    root: Path
+    data: Path
+    windows: list[str]
+    eval_windows: list[str]
+    window_len: float
+
+    def student(self, arm: ArmConfig, schema: Any, data_dir: Path, model: Any = None, fm: Any = None
+                ) -> ProgressiveStudent: ...
+
+    def windows_for(self, s: int) -> list[str]: ...
 
 
 def run_hierarchical(
-    run: SeedRun, arm: ArmConfig, vm_schema: Any, vm_dir: Path, know_vm: Any, side: pa.Table, s: int, lag: int
+    run: SeedWindows, arm: ArmConfig, vm_schema: Any, vm_dir: Path, know_vm: Any, side: pa.Table, s: int,
+    lag: int,
 ) -> dict[str, Any]:
     """FM -> domain FM (surface group) -> VM, window by window; both evaluated on the VM's rows."""
     cfg = run.cfg

@@ -82,7 +82,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.name == TABLE:
-        return importlib.import_module("opengem.data.adapters.table").run(args)
+        return importlib.import_module("opengem.data.adapters.table_cli").run(args)
     given = [k for k in TABLE_ONLY if getattr(args, k, None) not in (None, False, TABLE_DEFAULTS.get(k))]
     if given:
         raise UsageError(f"convert {args.name}: --{given[0].replace('_', '-')} applies only to "

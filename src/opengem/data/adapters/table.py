@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import sys
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -34,7 +33,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from opengem.data.adapters.common import AdapterError, BadRows, bad_rows_line, sparse_specs
+from opengem.data.adapters.common import AdapterError, BadRows, sparse_specs
 from opengem.data.adapters.encoders_io import write_encoders
 from opengem.data.adapters.infer import (
     DEFAULT_HASH_BUCKETS,
@@ -48,7 +47,7 @@ from opengem.data.adapters.labels import LabelSyntaxError, parse_labels
 from opengem.data.adapters.sources import Source, expand, format_from_names
 from opengem.data.adapters.table_encode import Chunk, Encoders, fit_encoders, prepare_lists
 from opengem.data.adapters.table_split import SPLITS, TRAIN, SplitRule, time_cuts
-from opengem.data.commit import check_target, staged_dir
+from opengem.data.commit import staged_dir
 from opengem.data.parquet import CanonicalWriter
 from opengem.data.schema import FeatureSchema
 from opengem.errors import UsageError
@@ -455,54 +454,3 @@ def job_from_args(args: argparse.Namespace) -> TableJob:
     rule = SplitRule(mode, args.valid_frac, args.test_frac, args.seed, carve=carve,
                      cuts=_time_cuts(args.time_cuts, mode, spec.time), exact=spec.exact_holdout)
     return TableJob(sources, spec, rule, shuffle=not args.no_shuffle, spec_path=args.schema or "")
-
-
-def run(args: argparse.Namespace) -> int:
-    check_target(args.out, args.force)  # refuse before reading the source, not after pass 1
-    if getattr(args, "encoders", None):
-        return _run_apply(args)
-    if getattr(args, "split_name", None):
-        raise UsageError("--split-name goes with --encoders DATASET (new rows into one split)")
-    job = job_from_args(args)
-    if args.infer_schema:
-        out = Path(args.out)
-        path = Path(args.schema_out) if args.schema_out else out.with_name(f"{out.name}.import.toml")
-        if path.exists() and not args.force:
-            raise UsageError(f"{path}: an import spec is already there (perhaps edited): re-run with "
-                             f"--schema {path} to use it, or add --force to overwrite it")
-        path.parent.mkdir(parents=True, exist_ok=True)  # the spec sits next to --out, whose parent may be new
-        job.spec.save(path)
-        job.spec_path = str(path)
-        print(f"convert table: wrote the inferred import spec to {path} (edit it and re-run with "
-              f"--schema {path})", file=sys.stderr)
-    summary = convert_table(job, args.out, force=args.force)
-    brief = {k: {"rows": v["rows"], "label_rates": v["label_rates"]} for k, v in summary["splits"].items()}
-    print(json.dumps({"out": str(args.out), "split_rule": summary["split_rule"], "splits": brief,
-                      "hashed": summary["hashed"], "bad_rows": summary["bad_rows"]["total"]}, indent=2))
-    empty = [k for k, v in summary["vocab"].items() if v == 1]
-    if empty:
-        print(f"convert table: warning: {', '.join(empty)}: no value occurs {job.spec.min_count}+ times in "
-              "train (an id per row?), so every row uses the OOV row: list them under ignore in "
-              f"{job.spec_path or 'the spec'}", file=sys.stderr)
-    if summary["bad_rows"]["total"]:
-        print(f"convert table: warning: skipped {summary['bad_rows']['total']} malformed source row(s): "
-              f"{bad_rows_line(summary['bad_rows'])}", file=sys.stderr)
-    return 0
-
-
-def _run_apply(args: argparse.Namespace) -> int:
-    from opengem.data.adapters.table_apply import apply_encoders, apply_job_from_args  # imports this module
-
-    a = apply_job_from_args(args)
-    summary = apply_encoders(a, args.out, force=args.force)
-    split = args.split_name or "test"
-    print(json.dumps({"out": str(args.out), "encoders_from": str(a.dataset), "split": split,
-                      "rows": summary["splits"][split]["rows"],
-                      "label_rates": summary["splits"][split]["label_rates"],
-                      "oov_share": summary["splits"][split]["oov_share"],
-                      "unobserved_labels": summary["unobserved_labels"],
-                      "bad_rows": summary["bad_rows"]["total"]}, indent=2))
-    if summary["bad_rows"]["total"]:
-        print(f"convert table: warning: skipped {summary['bad_rows']['total']} malformed source row(s): "
-              f"{bad_rows_line(summary['bad_rows'])}", file=sys.stderr)
-    return 0
