@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 
 import pytest
@@ -82,6 +83,42 @@ def test_hsdp_and_column_wise_run(tmp_path, data):
     assert set(b["parallel"]["plan"].values()) == {"column_wise"}
     la, lb = losses(tmp_path / "fsdp"), losses(tmp_path / "hsdp")
     assert max(abs(la[s] - lb[s]) for s in la) < 1e-4
+
+
+@pytest.mark.slow
+def test_two_processes_skip_the_rows_one_process_skips(tmp_path, data):
+    """data.skip_batches on two ranks drops, between them, the rows one process drops (each rank skips that
+    many of its own batches): every logged loss after the skip agrees, as in the run without it."""
+    common = ["train.steps=8", "train.log_every=1", "train.checkpoint_every=0", "train.final_eval=false",
+              "train.init_output_bias=false", "data.skip_batches=5"]
+    one = run_train(1, tmp_path / "one", data, common + [f"data.batch_size={2 * B}"])
+    two = run_train(2, tmp_path / "two", data, common + [f"data.batch_size={B}"])
+    assert one["steps"] == two["steps"] == 8
+    l1, l2 = losses(tmp_path / "one"), losses(tmp_path / "two")
+    assert sorted(l1) == sorted(l2) == list(range(1, 9))
+    assert max(abs(l1[s] - l2[s]) for s in l1) < 1e-4
+    unskipped = run_train(1, tmp_path / "plain", data, [*common[:-1], f"data.batch_size={2 * B}"])
+    assert unskipped["steps"] == 8 and losses(tmp_path / "plain")[1] != pytest.approx(l1[1], abs=1e-6)
+
+
+@pytest.mark.slow
+def test_skip_batches_past_the_shards_stops_both_ranks_with_one_line(tmp_path, data):
+    """More batches to skip than a rank's shard holds: both ranks stop at once with the same line naming
+    each short rank (every rank learns every count), not at dist_timeout in the first step's collectives."""
+    import time
+
+    cmd = train_cmd(2, tmp_path / "short", data, ["train.steps=4", "train.dist_timeout_s=100",
+                                                   f"data.batch_size={B}", "data.skip_batches=100000"])
+    t0 = time.perf_counter()
+    r = subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=300)
+    elapsed = time.perf_counter() - t0
+    assert r.returncode != 0
+    out = r.stdout + r.stderr
+    assert "data.skip_batches = 100000, but" in out, out[-3000:]
+    assert "rank 0 only" in out and "rank 1 only" in out, out[-3000:]
+    # each rank's one line, no traceback of ours (torchrun prints its own ChildFailedError report after them)
+    assert out.count("opengem train: error: ") == 2 and not re.search(r'File ".*/opengem/', out), out[-3000:]
+    assert elapsed < 100, f"the ranks waited for dist_timeout ({elapsed:.0f} s)"
 
 
 @pytest.mark.slow
