@@ -2,10 +2,10 @@
 
 The iso-FLOP and ablation studies train each run in a fresh process (so that runs side by side share no
 threads, caches or allocator state). Started as ``python -m worker`` every run first spent 5-9 s of one
-core importing torch, TorchRec and opengem, a few hundred runs' worth of wall in a study. Here the runs
+core importing torch, TorchRec and opengem, a few hundred times in a study. Here the runs
 are forked from one ``forkserver`` process per study that imported the worker modules once and ran nothing:
 each run is still a process of its own that starts with no threads, tensors or caches of any other run, only
-the imported modules. Where a platform has no ``forkserver`` the run starts as ``python -m worker`` as before.
+the imported modules. Off Linux the run starts as ``python -m worker`` as before.
 """
 
 from __future__ import annotations
@@ -38,7 +38,10 @@ def _forkserver() -> Any:
     global _context
     with _lock:
         if _context is None:
-            if "forkserver" not in multiprocessing.get_all_start_methods():
+            # Linux only: macOS offers a forkserver too, but forking a process that has loaded its system
+            # frameworks (torch links Accelerate) is not safe there
+            linux = sys.platform.startswith("linux")
+            if not linux or "forkserver" not in multiprocessing.get_all_start_methods():
                 _context = False
             else:
                 _context = multiprocessing.get_context("forkserver")
