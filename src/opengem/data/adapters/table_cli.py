@@ -43,9 +43,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"convert table: warning: {', '.join(empty)}: no value occurs {job.spec.min_count}+ times in "
               "train (an id per row?), so every row uses the OOV row: list them under ignore in "
               f"{job.spec_path or 'the spec'}", file=sys.stderr)
-    if summary["bad_rows"]["total"]:
-        print(f"convert table: warning: skipped {summary['bad_rows']['total']} malformed source row(s): "
-              f"{bad_rows_line(summary['bad_rows'])}", file=sys.stderr)
+    _warn_skipped_rows(summary)
     return 0
 
 
@@ -59,7 +57,12 @@ def _run_apply(args: argparse.Namespace) -> int:
                       "oov_share": summary["splits"][split]["oov_share"],
                       "unobserved_labels": summary["unobserved_labels"],
                       "bad_rows": summary["bad_rows"]["total"]}, indent=2))
+    _warn_skipped_rows(summary)
+    return 0
+
+
+def _warn_skipped_rows(summary: dict) -> None:
+    """Both ways in count the malformed source rows they skipped; a warning when there were any."""
     if summary["bad_rows"]["total"]:
         print(f"convert table: warning: skipped {summary['bad_rows']['total']} malformed source row(s): "
               f"{bad_rows_line(summary['bad_rows'])}", file=sys.stderr)
-    return 0
