@@ -152,7 +152,9 @@ def clip_dense_gradients(params: list[nn.Parameter], max_norm: float) -> float:
     if not grads:
         return 0.0
     if max_norm > 0:
-        return float(torch.nn.utils.clip_grad_norm_(grads, max_norm))
+        # foreach on every device: torch picks it only on GPUs, and the per-tensor loop of the default costs a
+        # study model of ~90 small tensors 0.6 ms a step on CPU against 0.44 (the same norms, bit for bit)
+        return float(torch.nn.utils.clip_grad_norm_(grads, max_norm, foreach=True))
     return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in grads])))
 
 

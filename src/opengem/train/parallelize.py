@@ -110,12 +110,18 @@ def allowed_sharding_types(model: nn.Module, device: torch.device, sharding: str
 
 def plan_tables(model: nn.Module, device: torch.device, pg: dist.ProcessGroup, sharding: str = "auto",
                 world: int | None = None) -> Any:
-    """TorchRec's planner over ``world`` ranks (default: the group), restricted by ``train.sharding``."""
+    """TorchRec's planner over ``world`` ranks (default: the group), restricted by ``train.sharding``.
+
+    ``auto`` over one rank plans every table whole (table-wise): row-wise over one rank places the same
+    rows on the same rank but pays its bucketising and splits exchange on every step (session 44: a study
+    DCNv2 of 0.02 MFLOP/example trained 13 % faster table-wise, every loss bit-identical)."""
     if sharding not in SHARDINGS:
         raise ParallelizeError(f"train.sharding: {sharding!r} is not one of {', '.join(SHARDINGS)}")
+    world = world or dist.get_world_size(pg)
+    if sharding == "auto" and world == 1:
+        sharding = "table_wise"
     constraints = {t: ParameterConstraints(sharding_types=types)
                    for t, types in allowed_sharding_types(model, device, sharding).items()}
-    world = world or dist.get_world_size(pg)
     local = min(world, max(1, torch.cuda.device_count())) if device.type == "cuda" else world
     # the factory, not Topology(...): the same topology (TorchRec's defaults), without the warning that direct
     # construction prints on every run

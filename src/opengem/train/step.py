@@ -29,7 +29,8 @@ def task_weights(schema: FeatureSchema, device: torch.device) -> torch.Tensor:
 
 def forward(model: nn.Module, batch: Batch, t: TrainConfig, device: torch.device) -> ModelOutput:
     """The training forward under the configured precision and saved-activation format."""
-    model.train()
+    if not all(m.training for m in model.modules()):  # reading the flags is ~4x cheaper than setting them
+        model.train()
     with autocast(t.precision, device), maybe_fp8_saved_activations(t.fp8_saved_activations, t.fp8_min_numel):
         return model(batch)
 
