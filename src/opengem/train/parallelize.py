@@ -113,8 +113,9 @@ def plan_tables(model: nn.Module, device: torch.device, pg: dist.ProcessGroup, s
     """TorchRec's planner over ``world`` ranks (default: the group), restricted by ``train.sharding``.
 
     ``auto`` over one rank plans every table whole (table-wise): row-wise over one rank places the same
-    rows on the same rank but pays its bucketising and splits exchange on every step (session 44: a study
-    DCNv2 of 0.02 MFLOP/example trained 13 % faster table-wise, every loss bit-identical)."""
+    rows on the same rank but pays its bucketising and splits exchange on every step (session 44, with two
+    other per-step cuts: a study DCNv2 cell 0.93x the time side by side, every loss bit-identical;
+    benchmarks/results/2026-12-06-s44/step_overhead/)."""
     if sharding not in SHARDINGS:
         raise ParallelizeError(f"train.sharding: {sharding!r} is not one of {', '.join(SHARDINGS)}")
     world = world or dist.get_world_size(pg)
