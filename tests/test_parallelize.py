@@ -71,6 +71,17 @@ def test_plan_follows_config_and_init_is_the_full_model(sharding, caplog):
         assert out.logits.shape == (8, len(schema.tasks))
 
 
+def test_auto_over_one_rank_keeps_every_table_whole():
+    """Row-wise over one rank places the same rows on the same rank and only adds bucketising."""
+    dev = torch.device("cpu")
+    cfg, _, model, _ = _build("auto")
+    tables = set(table_names(model))
+    with process_group(dev) as pg:
+        _, info = parallelize(model, None, cfg.train, dev, pg)
+    assert set(info["plan"]) == tables and len(tables) > 1
+    assert set(info["plan"].values()) == {"table_wise"}
+
+
 def test_dense_blocks_are_outermost_layers_without_tables():
     _, _, model, _ = _build("auto")
     blocks = dense_blocks(model)

@@ -1,5 +1,6 @@
-"""What a small model's step no longer pays for, each with the same result as before: the gradient clip's
-per-tensor loop, setting every module's training flag, and row-wise tables over a single rank."""
+"""What a small model's step no longer pays for, each with the same result as before: the gradient
+clip's per-tensor loop and setting every module's training flag (row-wise tables over one rank:
+test_parallelize.py)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,7 @@ from opengem.data.random_batch import random_batch
 from opengem.data.schema import FeatureSchema
 from opengem.model.registry import build_model
 from opengem.train.config import TrainConfig, load_run_config
-from opengem.train.distributed import process_group
-from opengem.train.optim import apply_sparse_optimizer, clip_dense_gradients
-from opengem.train.parallelize import parallelize, table_names
+from opengem.train.optim import clip_dense_gradients
 from opengem.train.step import forward
 
 
@@ -49,18 +48,3 @@ def test_forward_puts_a_submodule_left_in_eval_back_into_training():
     next(iter(model.children())).eval()
     forward(model, random_batch(schema, 4, seed=0), TrainConfig(), torch.device("cpu"))
     assert all(m.training for m in model.modules())
-
-
-def test_auto_sharding_over_one_rank_keeps_every_table_whole():
-    """Row-wise over one rank places the same rows on the same rank and only adds bucketising."""
-    schema = FeatureSchema.load(ROOT / "configs" / "schemas" / "tiny.toml")
-    cfg = load_run_config(TINY, ["train.progress=false", "train.sharding=auto"])
-    torch.manual_seed(0)
-    model = build_model(schema, cfg.model)
-    apply_sparse_optimizer(model, cfg.train)
-    tables = set(table_names(model))
-    dev = torch.device("cpu")
-    with process_group(dev) as pg:
-        _, info = parallelize(model, None, cfg.train, dev, pg)
-    assert set(info["plan"]) == tables and len(tables) > 1
-    assert set(info["plan"].values()) == {"table_wise"}
