@@ -1,3 +1,4 @@
+import os
 from pathlib import Path
 
 import numpy as np
@@ -141,3 +142,37 @@ def test_columns_gather_equals_row_by_row_slices(schema):
     for k in cols.lists:
         for a, b in zip(got.lists[k], want.lists[k], strict=True):
             np.testing.assert_array_equal(a, b)
+
+
+def test_row_group_reads_reuse_the_inspected_footer_until_the_file_changes(schema, tmp_path, monkeypatch):
+    """A row group's read opens the file with the footer inspect_file parsed (no second parse); a file
+    rewritten since (another size or modification time) is opened afresh, so the rows read are the new
+    file's."""
+    from opengem.data import parquet
+
+    path = tmp_path / "a.parquet"
+    write_parquet(schema, path, random_columns(schema, 90, first_id=0), row_group_size=40)
+    info = parquet.inspect_file(path, schema)
+    assert info.footer is not None and info.stamp == (path.stat().st_size, path.stat().st_mtime_ns)
+    given: list[object] = []
+    real = pq.ParquetFile
+
+    def opened(*args, **kwargs):
+        given.append(kwargs.get("metadata"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(parquet.pq, "ParquetFile", opened)
+    (piece, start), = parquet.iter_row_group(info, 1, schema)
+    assert start == 0 and piece.column("example_id").to_pylist() == list(range(40, 80))
+    assert parquet.read_row_group(info, 2, schema).column("example_id").to_pylist() == list(range(80, 90))
+    assert given == [info.footer, info.footer]
+    given.clear()
+    write_parquet(schema, path, random_columns(schema, 100, first_id=1000), row_group_size=40)
+    (piece, _), = parquet.iter_row_group(info, 1, schema)
+    assert given == [None] and piece.column("example_id").to_pylist() == list(range(1040, 1080))
+    info = parquet.inspect_file(path, schema)
+    given.clear()
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 1))  # the same size, touched
+    parquet.read_row_group(info, 0, schema)
+    assert given == [None]
+    assert info == parquet.FileInfo(str(path), [40, 40, 20])  # the footer is not part of a file's identity

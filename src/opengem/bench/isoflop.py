@@ -26,7 +26,8 @@ Steps, in order (each run's result is OUT/runs/<name>/result.json; a killed stud
    whose test NE differed by 0.0095).
 4. with ``frontier_test_rows`` >= 0, the frontier runs (each budget's size and rate, every seed) are scored
    again on that many test rows (0 = the whole test day) from their checkpoints: the rule has chosen by then,
-   so more test rows narrow the frontier's intervals without touching a choice.
+   so more test rows narrow the frontier's intervals without touching a choice. Each worker scores its
+   share of the runs in one pass over each day (bench/frontier_scoring.py).
 The summary (bench/isoflop_report.py) turns the runs into the frontier, fitted laws, efficiency ratios.
 
 Each family's rule is a chain of batches of runs that do not depend on one another (the grid's rates, a
@@ -46,6 +47,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from opengem.bench.frontier_scoring import eval_batches, frontier_test, frontier_tests  # noqa: F401 (frontier_test: for older results scripts)
 from opengem.bench.isoflop_rule import Job, family_rule, run_name, run_rules
 from opengem.bench.run_identity import config_sha256, is_same_run
 from opengem.bench.size_ladder import FamilySweep, selection_ne, size_overrides
@@ -345,11 +347,6 @@ def latest_days(day_rows: list[tuple[str, int]], rows: int) -> str:
     return ",".join(reversed(chosen))
 
 
-def _eval_batches(rc: Any, eval_rows: int) -> int:
-    batch = rc.data.eval_batch_size or rc.data.batch_size
-    return -(-eval_rows // batch) if eval_rows else 0
-
-
 def finished_run(rc: Any, run_dir: Path, test_spec: str, eval_rows: int = 0, calibrate: str = "none"
                  ) -> dict[str, Any] | None:
     """RUN/result.json when it was written for the identical resolved config and evaluation, else None."""
@@ -364,7 +361,7 @@ def _result_for(rc: Any, run_dir: Path, test_spec: str, eval_rows: int) -> dict[
     if not done.exists():
         return None
     rec = json.loads(done.read_text())
-    if (rec.get("test_spec"), rec.get("eval_batches")) != (test_spec, _eval_batches(rc, eval_rows)):
+    if (rec.get("test_spec"), rec.get("eval_batches")) != (test_spec, eval_batches(rc, eval_rows)):
         return None
     return rec if is_same_run(rc, run_dir, rec.get("config_sha256")) else None
 
@@ -378,7 +375,7 @@ def train_and_test(rc: Any, run_dir: Path, test_spec: str, eval_rows: int = 0, c
     evaluation. Returns (record, trained now)."""
     from opengem.train.trainer import Trainer
 
-    max_batches = _eval_batches(rc, eval_rows)
+    max_batches = eval_batches(rc, eval_rows)
     rec = _result_for(rc, run_dir, test_spec, eval_rows)
     if rec is not None and rec.get("calibrate", "none") == calibrate:
         return rec, False
@@ -404,47 +401,6 @@ def train_and_test(rc: Any, run_dir: Path, test_spec: str, eval_rows: int = 0, c
            "calibrate": calibrate, "test_uncalibrated": test_raw}
     atomic_write_text(done, json.dumps(rec, indent=2))
     return rec, True
-
-
-def frontier_test(run_dir: Path, test_spec: str, rows: int, threads: int = 1, calibration_rows: int = -1
-                  ) -> dict[str, Any]:
-    """A finished run's test metrics on the first ``rows`` rows of ``test_spec`` (0 = all), from its final
-    checkpoint (calibrated as ``opengem evaluate`` would; for a calibrated run and ``calibration_rows`` >= 0,
-    through a fit made now on that many rows of its validation day, 0 = all, as ``opengem calibrate`` does),
-    cached in RUN/frontier_test.json for the run's result.json (its config_sha256 and calibration), the spec
-    and the rows."""
-    import torch
-
-    from opengem.train.data import make_loader
-    from opengem.train.evaluate import evaluate_model, open_run
-
-    done, cache = json.loads((run_dir / "result.json").read_text()), run_dir / "frontier_test.json"
-    key: dict[str, Any] = {"config_sha256": done.get("config_sha256"),
-                           "calibrate": done.get("calibrate", "none"), "test_spec": test_spec, "rows": rows}
-    refit = calibration_rows >= 0 and key["calibrate"] != "none"
-    if refit:
-        key["calibration_rows"] = calibration_rows
-    if cache.exists():
-        got = json.loads(cache.read_text())
-        if {k: got.get(k) for k in key} == key and (refit or "calibration_rows" not in got):
-            return got
-    before = torch.get_num_threads()
-    torch.set_num_threads(max(1, threads))
-    fit_rows = None
-    try:
-        with open_run(run_dir, calibrated=not refit) as r:
-            if refit:
-                fit_batches = _eval_batches(r.cfg, calibration_rows)
-                _fit, fit_rows = _fit_on_validation(r, key["calibrate"], fit_batches)
-            batches = _eval_batches(r.cfg, rows)
-            res = evaluate_model(r.model, make_loader(r.ds, test_spec, r.cfg.data, train=False), r.ds.schema,
-                                 r.device, max_batches=batches)
-    finally:
-        torch.set_num_threads(before)
-    out = {**key, "eval_batches": batches, "rows_scored": res["rows"], "metrics": res["metrics"],
-           "calibration_fit_rows": fit_rows}
-    atomic_write_text(cache, json.dumps(out, indent=2))
-    return out
 
 
 def calibrate_finished_run(rec: dict[str, Any], run_dir: Path, test_spec: str, max_batches: int,
@@ -632,27 +588,47 @@ def _score_frontier(cfg: IsoflopConfig, st: Study, out: Path, best: dict[str, li
     cost = {run_name(fam, size, b, lr_choice[fam][b], seed): st.fwd[fam][size]
             for fam, sizes in best.items() for b, size in enumerate(sizes) for seed in range(cfg.seeds)}
 
-    def args(name: str) -> tuple[Any, ...]:
-        return out / "runs" / name, st.test_spec, cfg.frontier_test_rows, 1, cfg.frontier_calibration_rows
+    def score(names: list[str]) -> Any:
+        return [out / "runs" / n for n in names], st.test_spec, cfg.frontier_test_rows, 1, \
+            cfg.frontier_calibration_rows
 
     if cfg.workers > 1:
         # one thread per process, as the training runs: a frontier run's scoring is small matmuls and
         # attention that a second thread barely speeds up (the default's 60 runs: 1,794 s with two threads
-        # in the study's process, session 22; 725 s in two processes, session 23), the largest models first
+        # in the study's process, session 22; 725 s in two processes, session 23). Each process scores its
+        # share of the runs in one pass over each day (bench/frontier_scoring.py); the shares are balanced
+        # on forward FLOPs plus the mean run's, for the lookups and framework work every run has alike
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
-        with ProcessPoolExecutor(cfg.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-            futures = {n: pool.submit(frontier_test, *args(n)) for n in sorted(cost, key=lambda n: -cost[n])}
-            rescored = {n: futures[n].result() for n in cost}
+        shares = balanced_shares(cost, cfg.workers)
+        with ProcessPoolExecutor(len(shares), mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures = [pool.submit(frontier_tests, *score(share)) for share in shares]
+            got = {n: r for f in futures for n, r in f.result().items()}
     else:
-        rescored = {n: frontier_test(*args(n)) for n in cost}
+        got = frontier_tests(*score(list(cost)))
+    rescored = {n: got[n] for n in cost}
     rows = {r["rows_scored"] for r in rescored.values()}
     fits = {r.get("calibration_fit_rows") for r in rescored.values()} - {None}
     refit = f", calibration refitted on {'/'.join(map(str, sorted(fits)))} validation rows" * bool(fits)
     log(f"isoflop: {len(rescored)} frontier runs scored on {'/'.join(map(str, sorted(rows)))} test rows"
         f"{refit} in {time.perf_counter() - t0:.1f}s")
     return rescored
+
+
+def balanced_shares(cost: dict[str, float], parts: int) -> list[list[str]]:
+    """``cost``'s names dealt into at most ``parts`` non-empty shares of near-equal total cost plus the mean
+    cost per name (largest first, each to the lightest share so far), each share in ``cost``'s order."""
+    if not cost:
+        return []
+    extra = sum(cost.values()) / len(cost)
+    loads, shares = [0.0] * min(parts, len(cost)), [[] for _ in range(min(parts, len(cost)))]
+    for name in sorted(cost, key=lambda n: -cost[n]):
+        i = loads.index(min(loads))
+        loads[i] += cost[name] + extra
+        shares[i].append(name)
+    order = {n: k for k, n in enumerate(cost)}
+    return [sorted(share, key=order.__getitem__) for share in shares]
 
 
 def train_cell(cfg: IsoflopConfig, out: str | Path, data_dir: str | Path | None, family: str, size: int,

@@ -373,6 +373,11 @@ def write_parquet(schema: FeatureSchema, path: str | Path, data: pa.Table | dict
 class FileInfo:
     path: str
     row_groups: list[int]  # rows per row group
+    # The footer as inspected, and the file's (size, mtime_ns) then: a row group's read reopens the file
+    # without parsing the footer again while both are unchanged (the study's 196-row-group day files: 4 ms a
+    # parse, 0.1 ms an open that reuses it; the loader opens the file once per row group it reads).
+    footer: pq.FileMetaData | None = field(default=None, compare=False, repr=False)
+    stamp: tuple[int, int] | None = field(default=None, compare=False, repr=False)
 
     @property
     def num_rows(self) -> int:
@@ -382,16 +387,20 @@ class FileInfo:
         return sum(self.row_groups[:rg])
 
 
-def open_parquet(path: str | Path) -> pq.ParquetFile:
+def open_parquet(path: str | Path, footer: pq.FileMetaData | None = None,
+                 stamp: tuple[int, int] | None = None) -> pq.ParquetFile:
+    """The file opened for reading; ``footer``, read earlier when the file's (size, mtime_ns) was ``stamp``,
+    is reused while the file still has that stamp, else the footer is read again."""
     path = Path(path)
     try:
-        size = path.stat().st_size
+        st = path.stat()
     except OSError as e:
         raise DataError(path, f"cannot open: {e.strerror or e}") from None
-    if size == 0:
+    if st.st_size == 0:
         raise DataError(path, "empty file (0 bytes)")
+    same = footer is not None and stamp == (st.st_size, st.st_mtime_ns)
     try:
-        return pq.ParquetFile(path, page_checksum_verification=True)
+        return pq.ParquetFile(path, page_checksum_verification=True, metadata=footer if same else None)
     except Exception as e:  # pyarrow raises ArrowInvalid, OSError ... for a bad footer
         raise DataError(path, f"corrupt or truncated Parquet file ({type(e).__name__}: {e})") from None
 
@@ -410,11 +419,12 @@ def inspect_file(path: str | Path, schema: FeatureSchema) -> FileInfo:
     rgs = [md.row_group(i).num_rows for i in range(md.num_row_groups)]
     if sum(rgs) == 0:
         raise DataError(path, "empty file (0 rows)")
-    return FileInfo(str(path), rgs)
+    st = os.stat(path)
+    return FileInfo(str(path), rgs, md, (st.st_size, st.st_mtime_ns))
 
 
 def read_row_group(info: FileInfo, rg: int, schema: FeatureSchema) -> pa.Table:
-    pf = open_parquet(info.path)
+    pf = open_parquet(info.path, info.footer, info.stamp)
     try:
         table = pf.read_row_group(rg, columns=schema.required_columns())
     except Exception as e:
@@ -429,7 +439,7 @@ def iter_row_group(info: FileInfo, rg: int, schema: FeatureSchema, start: int = 
 
     Pieces of ``chunk_rows`` keep memory bounded by the piece, not by the row group the writer chose.
     """
-    pf = open_parquet(info.path)
+    pf = open_parquet(info.path, info.footer, info.stamp)
     pos = 0
     try:
         for rb in pf.iter_batches(batch_size=chunk_rows, row_groups=[rg], columns=schema.required_columns(),

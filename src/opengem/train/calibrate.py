@@ -30,6 +30,7 @@ import argparse
 import json
 import math
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -171,20 +172,33 @@ def collect_logits(model: nn.Module, batches: Any, device: torch.device, max_bat
                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(logits [N, T], labels [N, T] with 0 where unobserved, observed mask [N, T], surface [N]) of the
     model on ``batches`` (the first ``max_batches``; 0 = all), in eval mode, one process."""
-    zs, ys, ms, ss = [], [], [], []
-    model.eval()
+    zs, y, m, s = collect_logits_of({"model": model}, batches, device, max_batches)
+    return zs["model"], y, m, s
+
+
+def collect_logits_of(models: Mapping[str, nn.Module], batches: Any, device: torch.device,
+                      max_batches: int = 0
+                      ) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`collect_logits` of several models in one pass over ``batches`` (each batch decoded once):
+    (logits by model name, labels, observed mask, surface), the last three shared by every model."""
+    zs: dict[str, list[np.ndarray]] = {name: [] for name in models}
+    ys, ms, ss = [], [], []
+    for model in models.values():
+        model.eval()
     with torch.no_grad():
         for i, batch in enumerate(batches):
             if max_batches and i >= max_batches:
                 break
             batch = batch.to(device)
-            zs.append(model(batch).logits.double().cpu().numpy())
+            for name, model in models.items():
+                zs[name].append(model(batch).logits.double().cpu().numpy())
             ys.append(batch.labels.double().cpu().numpy())
             ms.append(batch.label_mask.bool().cpu().numpy())
             ss.append(batch.surface.cpu().numpy())
-    if not zs:
+    if not ys:
         raise CalibrationError("no rows to calibrate on")
-    return np.concatenate(zs), np.nan_to_num(np.concatenate(ys)), np.concatenate(ms), np.concatenate(ss)
+    return ({name: np.concatenate(z) for name, z in zs.items()}, np.nan_to_num(np.concatenate(ys)),
+            np.concatenate(ms), np.concatenate(ss))
 
 
 def calibrate_model(model: nn.Module, batches: Any, device: torch.device, surfaces: list[str],

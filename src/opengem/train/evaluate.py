@@ -15,7 +15,7 @@ import contextlib
 import json
 import re
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,32 +59,49 @@ def evaluate_model(model: nn.Module, batches: Iterable[Batch], schema: FeatureSc
     Under several ranks each rank passes its own shard; ranks step in lockstep (a sharded model needs
     every rank in every forward) and predictions are gathered, so every rank returns the global metrics.
     """
-    model.eval()
-    acc = MetricAccumulator(schema.surfaces, schema.task_names)
+    return evaluate_models({"model": model}, batches, schema, device, max_batches)["model"]
+
+
+@torch.no_grad()
+def evaluate_models(models: Mapping[str, nn.Module], batches: Iterable[Batch], schema: FeatureSchema,
+                    device: torch.device, max_batches: int = 0) -> dict[str, dict[str, Any]]:
+    """:func:`evaluate_model` of several models, by name, in one pass over ``batches``: each batch is read
+    and decoded once and given to every model (the iso-FLOP study scores its frontier runs on the same
+    whole test day; a pass per run decoded the day once per run). Each model's result is the one
+    :func:`evaluate_model` gives it alone."""
+    for model in models.values():
+        model.eval()
+    accs = {name: MetricAccumulator(schema.surfaces, schema.task_names) for name in models}
     weights = task_weights(schema, device)
-    loss_sum, n_batches, rows, labelled = 0.0, 0, 0, 0
+    loss_sums = dict.fromkeys(models, 0.0)
+    n_batches, rows, labelled = 0, 0, 0
     for batch, real in lockstep(batches, device, max_batches):
         batch = batch.to(device)
-        logits = model(batch).logits
+        logits = {name: model(batch).logits for name, model in models.items()}
         if not real:  # this rank's shard ran out; it only keeps the others' forward going
             continue
-        loss_sum += float(masked_bce(logits, batch.labels, batch.label_mask, weights))
         n_batches += 1
         rows += batch.batch_size
         labelled += int(batch.label_mask.bool().sum())
-        acc.update(torch.sigmoid(logits.float()), batch.labels, batch.label_mask, batch.surface)
+        for name, z in logits.items():
+            loss_sums[name] += float(masked_bce(z, batch.labels, batch.label_mask, weights))
+            accs[name].update(torch.sigmoid(z.float()), batch.labels, batch.label_mask, batch.surface)
     if world_size() > 1:
-        parts = gather_objects((loss_sum, n_batches, rows, labelled, acc.state()))
-        loss_sum, n_batches, rows, labelled = (sum(x[i] for x in parts) for i in range(4))
-        acc = MetricAccumulator(schema.surfaces, schema.task_names)
-        for *_, state in parts:  # in rank order, as before
-            acc.merge(state)
+        states = {name: acc.state() for name, acc in accs.items()}
+        parts = gather_objects((n_batches, rows, labelled, loss_sums, states))
+        n_batches, rows, labelled = (sum(x[i] for x in parts) for i in range(3))
+        loss_sums = {name: sum(x[3][name] for x in parts) for name in models}
+        accs = {name: MetricAccumulator(schema.surfaces, schema.task_names) for name in models}
+        for *_, states in parts:  # in rank order, as before
+            for name, acc in accs.items():
+                acc.merge(states[name])
     if rows == 0:
         raise EvalDataError("the evaluation partitions gave no rows")
     if labelled == 0:  # the loss would read 0.0 and the metrics be empty: nothing was measured
         raise EvalDataError(f"none of the {rows} evaluation rows has an observed label (every task label is "
                             "null): nothing to evaluate; choose partitions with labels")
-    return {"metrics": acc.compute(), "loss": loss_sum / n_batches, "rows": rows}
+    return {name: {"metrics": accs[name].compute(), "loss": loss_sums[name] / n_batches, "rows": rows}
+            for name in models}
 
 
 class Validator:
