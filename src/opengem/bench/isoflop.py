@@ -47,7 +47,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from opengem.bench.frontier_scoring import eval_batches, frontier_test, frontier_tests  # noqa: F401 (frontier_test: for older results scripts)
+from opengem.bench.frontier_scoring import eval_batches, frontier_tests
+from opengem.bench.frontier_scoring import (
+    frontier_test as frontier_test,  # imported from here by results scripts
+)
 from opengem.bench.isoflop_rule import Job, family_rule, run_name, run_rules
 from opengem.bench.run_identity import config_sha256, is_same_run
 from opengem.bench.size_ladder import FamilySweep, selection_ne, size_overrides
