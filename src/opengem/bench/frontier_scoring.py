@@ -3,8 +3,9 @@
 Every frontier run is scored on the same rows (its calibration refitted on the whole validation day, its
 test on the whole test day), so the runs given to one process share each pass over a day: a batch is
 read and decoded once and given to every model. Scoring them one pass per run decoded each day once per
-run, and decoding was about a third of a run's scoring (session 45: 6.2 s of an 800,000-row day pair's
-20.6 s for the study's DCNv2; the model's forward the rest). A run's result is the one it gets alone.
+run, and decoding was a fifth to a third of a run's scoring (session 45, one process: 6.4 s of the study's
+DCNv2's 20.6 s over the two 800,000-row days, 6.2 of GEM's 34.5; the models' forward and imports the rest).
+A run's result is the one it gets alone.
 """
 
 from __future__ import annotations
