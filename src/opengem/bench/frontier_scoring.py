@@ -120,19 +120,16 @@ def _refit_calibration(runs: Mapping[str, Any], methods: Mapping[str, str], cali
                        ) -> dict[str, int]:
     """Fit each run's calibration on the first ``calibration_rows`` rows of its validation partitions (one
     pass for all of them) and fold it into its model; returns the rows each fit saw."""
-    from opengem.train.calibrate import MIN_POSITIVES, collect_logits_of, fit_calibration, fold_into_head
+    from opengem.train.calibrate import calibrate_models
     from opengem.train.data import make_loader
 
     first = next(iter(runs.values()))
     schema = first.ds.schema
     batches = make_loader(first.ds, first.cfg.data.eval, first.cfg.data, train=False)
-    zs, y, m, s = collect_logits_of({n: r.model for n, r in runs.items()}, batches, first.device,
-                                    eval_batches(first.cfg, calibration_rows))
-    for name, r in runs.items():
-        fit = fit_calibration(zs[name], y, m, s, list(schema.surfaces), schema.task_names, methods[name],
-                              MIN_POSITIVES)
-        fold_into_head(r.model, fit.slope, fit.offset)
-    return {name: int(len(y)) for name in runs}
+    _fits, fit_rows = calibrate_models({n: r.model for n, r in runs.items()}, batches, first.device,
+                                       list(schema.surfaces), schema.task_names, methods,
+                                       max_batches=eval_batches(first.cfg, calibration_rows))
+    return dict.fromkeys(runs, fit_rows)
 
 
 def _test(runs: Mapping[str, Any], test_spec: str, rows: int) -> dict[str, dict[str, Any]]:

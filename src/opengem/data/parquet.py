@@ -391,6 +391,13 @@ def open_parquet(path: str | Path, footer: pq.FileMetaData | None = None,
                  stamp: tuple[int, int] | None = None) -> pq.ParquetFile:
     """The file opened for reading; ``footer``, read earlier when the file's (size, mtime_ns) was ``stamp``,
     is reused while the file still has that stamp, else the footer is read again."""
+    return _open_stamped(path, footer, stamp)[0]
+
+
+def _open_stamped(path: str | Path, footer: pq.FileMetaData | None = None,
+                  stamp: tuple[int, int] | None = None) -> tuple[pq.ParquetFile, tuple[int, int]]:
+    """:func:`open_parquet`, and the file's (size, mtime_ns) as stated before its footer was read: a file
+    rewritten after that has another stamp, so a footer kept with this stamp is never reused for it."""
     path = Path(path)
     try:
         st = path.stat()
@@ -398,16 +405,18 @@ def open_parquet(path: str | Path, footer: pq.FileMetaData | None = None,
         raise DataError(path, f"cannot open: {e.strerror or e}") from None
     if st.st_size == 0:
         raise DataError(path, "empty file (0 bytes)")
-    same = footer is not None and stamp == (st.st_size, st.st_mtime_ns)
+    now = (st.st_size, st.st_mtime_ns)
     try:
-        return pq.ParquetFile(path, page_checksum_verification=True, metadata=footer if same else None)
+        pf = pq.ParquetFile(path, page_checksum_verification=True,
+                            metadata=footer if footer is not None and stamp == now else None)
     except Exception as e:  # pyarrow raises ArrowInvalid, OSError ... for a bad footer
         raise DataError(path, f"corrupt or truncated Parquet file ({type(e).__name__}: {e})") from None
+    return pf, now
 
 
 def inspect_file(path: str | Path, schema: FeatureSchema) -> FileInfo:
     """File-level checks (readable footer, columns, types, rows) from the footer alone."""
-    pf = open_parquet(path)
+    pf, stamp = _open_stamped(path)
     actual = pf.schema_arrow
     for f in arrow_schema(schema):
         idx = actual.get_field_index(f.name)
@@ -419,8 +428,7 @@ def inspect_file(path: str | Path, schema: FeatureSchema) -> FileInfo:
     rgs = [md.row_group(i).num_rows for i in range(md.num_row_groups)]
     if sum(rgs) == 0:
         raise DataError(path, "empty file (0 rows)")
-    st = os.stat(path)
-    return FileInfo(str(path), rgs, md, (st.st_size, st.st_mtime_ns))
+    return FileInfo(str(path), rgs, md, stamp)
 
 
 def read_row_group(info: FileInfo, rg: int, schema: FeatureSchema) -> pa.Table:

@@ -205,10 +205,22 @@ def calibrate_model(model: nn.Module, batches: Any, device: torch.device, surfac
                     tasks: list[str], method: str = "platt", min_positives: int = MIN_POSITIVES,
                     max_batches: int = 0) -> tuple[CalibrationFit, int]:
     """Fit on ``batches`` and fold the fit into ``model``; returns (the fit, rows it was fitted on)."""
-    z, y, m, s = collect_logits(model, batches, device, max_batches)
-    fit = fit_calibration(z, y, m, s, surfaces, tasks, method, min_positives)
-    fold_into_head(model, fit.slope, fit.offset)
-    return fit, int(len(z))
+    fits, rows = calibrate_models({"model": model}, batches, device, surfaces, tasks, {"model": method},
+                                  min_positives, max_batches)
+    return fits["model"], rows
+
+
+def calibrate_models(models: Mapping[str, nn.Module], batches: Any, device: torch.device, surfaces: list[str],
+                     tasks: list[str], methods: Mapping[str, str], min_positives: int = MIN_POSITIVES,
+                     max_batches: int = 0) -> tuple[dict[str, CalibrationFit], int]:
+    """:func:`calibrate_model` of several models, each by its own method, in one pass over ``batches``;
+    returns (the fits by name, the rows every fit was made on)."""
+    zs, y, m, s = collect_logits_of(models, batches, device, max_batches)
+    fits = {name: fit_calibration(zs[name], y, m, s, surfaces, tasks, methods[name], min_positives)
+            for name in models}
+    for name, model in models.items():
+        fold_into_head(model, fits[name].slope, fits[name].offset)
+    return fits, int(len(y))
 
 
 def write_calibration(run_dir: Path, fit: CalibrationFit, method: str, min_positives: int, checkpoint: Path,
