@@ -625,6 +625,66 @@ def test_isoflop_runs_calibrated_on_validation(tmp_path):
         load_isoflop_config(ISO_SMALL, ["calibrate=isotonic"])
 
 
+def test_isoflop_spread_sample_rescores_finished_runs_without_training(tmp_path):
+    """eval_sample = spread: every run scored on eval_rows rows of whole row groups spread over each day; a
+    study finished on the days' first rows and switched to spread trains nothing again, and each run's
+    validation, calibration and test are what scoring those rows from its checkpoint gives."""
+    import json
+
+    from opengem.bench.isoflop import eval_loader, load_isoflop_config, run_study
+    from opengem.bench.isoflop_report import format_study
+    from opengem.train.evaluate import evaluate_model, open_run
+
+    cfg = load_isoflop_config(ISO_SMALL, ["budgets=[1.0e8, 4.0e8]", "seeds=1", "lr_grid=[]", "lr_check=false",
+                                          "bootstrap=5", "min_steps=2", "calibrate=platt", "eval_rows=1024"],
+                              ["dlrm"])
+    cfg.families[0].sizes = cfg.families[0].sizes[:1]
+    extra = ["data.sim.rows=40000", "data.sim.chunk_rows=512", "data.eval_batch_size=512"]
+    first = run_study(cfg, tmp_path, run_overrides=extra, log=lambda m: None)
+    assert first["runs_trained_now"] == 2 and first["eval"] == {"rows": 1024, "sample": "first"}
+    runs = sorted((tmp_path / "runs").iterdir())
+    before = {r.name: json.loads((r / "result.json").read_text()) for r in runs}
+    cfg.eval_sample = "spread"
+    spread = run_study(cfg, tmp_path, run_overrides=extra, data_dir=tmp_path / "data", log=lambda m: None)
+    assert spread["runs_trained_now"] == 0 and spread["eval"] == {"rows": 1024, "sample": "spread"}
+    assert "1,024 validation and 1,024 test rows: whole row groups spread evenly over each day" in (
+        format_study(spread))
+    for run in runs:
+        rec = json.loads((run / "result.json").read_text())
+        old = before[run.name]
+        assert rec["eval_sample"] == "spread" and rec["rescored"] and rec["steps"] == old["steps"]
+        assert rec["valid"]["all/click"]["ne"] != old["valid"]["all/click"]["ne"]  # other rows
+        doc = json.loads((run / "calibration.json").read_text())
+        assert doc["fitted_on"]["rows"] == 1024
+        with open_run(run, calibrated=False) as r:
+            batches, max_batches = eval_loader(r, r.cfg.data.eval, 1024, "spread")
+            valid = evaluate_model(r.model, batches, r.ds.schema, r.device, max_batches=max_batches)
+        assert valid["rows"] == 1024 and max_batches == 0
+        for k in ("all/click", "all/conversion"):
+            assert valid["metrics"][k]["ne"] == pytest.approx(rec["valid"][k]["ne"], rel=1e-6)
+        with open_run(run) as r:  # calibrated as the study fitted it on those validation rows
+            batches, _ = eval_loader(r, rec["test_spec"], 1024, "spread")
+            test = evaluate_model(r.model, batches, r.ds.schema, r.device)
+        for k in ("all/click", "all/conversion"):
+            assert test["metrics"][k]["ne"] == pytest.approx(rec["test"][k]["ne"], rel=1e-5)
+    after = {r.name: (r / "result.json").read_text() for r in runs}
+    again = run_study(cfg, tmp_path, run_overrides=extra, data_dir=tmp_path / "data", log=lambda m: None)
+    assert again["runs_trained_now"] == 0 and {r.name: (r / "result.json").read_text() for r in runs} == after
+    # trained with spread from the start: the same validation and test as the rescored runs
+    fresh = run_study(cfg, tmp_path / "fresh", run_overrides=extra, data_dir=tmp_path / "data",
+                      log=lambda m: None)
+    assert fresh["runs_trained_now"] == 2
+    for run in runs:
+        rec = json.loads(after[run.name])
+        new = json.loads((tmp_path / "fresh" / "runs" / run.name / "result.json").read_text())
+        assert "rescored" not in new and new["eval_sample"] == "spread"
+        for part in ("valid", "test"):
+            for k in ("all/click", "all/conversion"):
+                assert new[part][k]["ne"] == pytest.approx(rec[part][k]["ne"], rel=1e-5)
+    with pytest.raises(ConfigError, match="eval_sample"):
+        load_isoflop_config(ISO_SMALL, ["eval_sample=random"])
+
+
 def test_isoflop_cli_errors(capsys):
     from cli_helpers import one_error_line, run_cli
 

@@ -65,6 +65,7 @@ BUDGETS = ("small", "default", "large")
 
 CALIBRATE_CHOICES = ("none", "platt", "offset")  # a study's calibrate: none, or train.calibration.METHODS
 TRAIN_WINDOWS = ("all", "latest", "latest_rows")  # IsoflopConfig.train_window
+EVAL_SAMPLES = ("first", "spread")  # IsoflopConfig.eval_sample
 LATEST_DAY_WINDOWS = ("latest", "latest_rows")  # the train_windows that read the latest days (day_rows)
 
 
@@ -101,7 +102,12 @@ class IsoflopConfig:
     metric: str = "tasks"  # tasks: mean over tasks of the all-surface NE | surface_task | one key
     reference: str = "gem"  # the family whose frontier the others' compute is measured against
     bootstrap: int = 1000  # resamples of seeds for the efficiency ratio's interval
-    eval_rows: int = 0  # validation and test each on their first rows (whole eval batches); 0 = all rows
+    eval_rows: int = 0  # validation and test each on this many rows (eval_sample says which); 0 = all rows
+    # which eval_rows rows: first = the days' first rows, in whole eval batches (in a time-ordered log, the
+    # first minutes after midnight: the slice nearest the training days); spread = whole row groups spread
+    # evenly over the day (data.loader.spread_units), the day's mix at the same cost. A study switched from
+    # one to the other rescores its finished runs from their final checkpoints and trains none again
+    eval_sample: str = "first"
     # none | platt | offset: after training, fit each run's calibration (opengem calibrate) on its validation
     # rows and report test calibrated (the uncalibrated test metrics stay in result.json as
     # test_uncalibrated; validation, which chooses rates and sizes, is the model's own)
@@ -198,6 +204,8 @@ def validate_isoflop(cfg: IsoflopConfig, where: str = "isoflop") -> None:
          f"train_window must be one of {', '.join(TRAIN_WINDOWS)} (got {cfg.train_window!r})")
     need(cfg.bootstrap >= 0 and cfg.min_steps >= 1 and cfg.max_epochs > 0 and cfg.eval_rows >= 0,
          "bootstrap >= 0, min_steps >= 1, max_epochs > 0 and eval_rows >= 0")
+    need(cfg.eval_sample in EVAL_SAMPLES,
+         f"eval_sample must be {' or '.join(EVAL_SAMPLES)} (got {cfg.eval_sample!r})")
     for key in ("frontier_test_rows", "frontier_calibration_rows"):
         need(getattr(cfg, key) >= -1, f"{key}: -1 (off), 0 (all) or a row count (got {getattr(cfg, key)})")
 
@@ -350,102 +358,171 @@ def latest_days(day_rows: list[tuple[str, int]], rows: int) -> str:
     return ",".join(reversed(chosen))
 
 
-def finished_run(rc: Any, run_dir: Path, test_spec: str, eval_rows: int = 0, calibrate: str = "none"
-                 ) -> dict[str, Any] | None:
+def finished_run(rc: Any, run_dir: Path, test_spec: str, eval_rows: int = 0, calibrate: str = "none",
+                 sample: str = "first") -> dict[str, Any] | None:
     """RUN/result.json when it was written for the identical resolved config and evaluation, else None."""
-    rec = _result_for(rc, run_dir, test_spec, eval_rows)
+    rec = _result_for(rc, run_dir, test_spec, eval_rows, sample)
     return rec if rec is not None and rec.get("calibrate", "none") == calibrate else None
 
 
-def _result_for(rc: Any, run_dir: Path, test_spec: str, eval_rows: int) -> dict[str, Any] | None:
-    """RUN/result.json when it was written for the identical resolved config, test spec and evaluation rows
-    (whatever its calibration), else None."""
+def _trained_result(rc: Any, run_dir: Path) -> dict[str, Any] | None:
+    """RUN/result.json when it was written for the identical resolved config (however it was evaluated)."""
     done = run_dir / "result.json"
     if not done.exists():
         return None
     rec = json.loads(done.read_text())
-    if (rec.get("test_spec"), rec.get("eval_batches")) != (test_spec, eval_batches(rc, eval_rows)):
-        return None
     return rec if is_same_run(rc, run_dir, rec.get("config_sha256")) else None
 
 
-def train_and_test(rc: Any, run_dir: Path, test_spec: str, eval_rows: int = 0, calibrate: str = "none"
-                   ) -> tuple[dict[str, Any], bool]:
-    """Train one run, then evaluate it on the validation (``data.eval``) and test partitions, each on its
-    first ``eval_rows`` rows in whole eval batches (0 = all); with ``calibrate`` (platt | offset) the run's
-    calibration is fitted on those validation rows, written to RUN/calibration.json and test is evaluated
-    again through it. Reuses RUN/result.json when it was written for the identical resolved config and
-    evaluation. Returns (record, trained now)."""
+def _result_for(rc: Any, run_dir: Path, test_spec: str, eval_rows: int, sample: str = "first"
+                ) -> dict[str, Any] | None:
+    """RUN/result.json when it was written for the identical resolved config, test spec and evaluation rows
+    (whatever its calibration), else None."""
+    rec = _trained_result(rc, run_dir)
+    if rec is None or (rec.get("test_spec"), rec.get("eval_batches"), rec.get("eval_sample", "first")) != (
+            test_spec, eval_batches(rc, eval_rows), sample):
+        return None
+    return rec
+
+
+def eval_loader(holder: Any, spec: str, eval_rows: int, sample: str = "first") -> tuple[Any, int]:
+    """(batches, max_batches) of the ``eval_rows`` rows of ``spec`` the study scores: the first ones in
+    whole eval batches, or (``sample`` = spread) whole row groups spread over the partitions (0 = all).
+    ``holder``: a Trainer or an OpenRun."""
+    from opengem.train.data import make_loader
+
+    if sample == "spread":
+        return make_loader(holder.ds, spec, holder.cfg.data, train=False, spread_rows=eval_rows), 0
+    return make_loader(holder.ds, spec, holder.cfg.data, train=False), eval_batches(holder.cfg, eval_rows)
+
+
+def _scores(holder: Any, test_spec: str, eval_rows: int, sample: str
+            ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(validation, test) metrics of ``holder``'s model on the rows the study scores."""
+    from opengem.train.evaluate import evaluate_model
+
+    out = []
+    for spec in (holder.cfg.data.eval, test_spec):
+        batches, max_batches = eval_loader(holder, spec, eval_rows, sample)
+        out.append(evaluate_model(holder.model, batches, holder.ds.schema, holder.device,
+                                  max_batches=max_batches)["metrics"])
+    return out[0], out[1]
+
+
+def train_and_test(rc: Any, run_dir: Path, test_spec: str, eval_rows: int = 0, calibrate: str = "none",
+                   sample: str = "first") -> tuple[dict[str, Any], bool]:
+    """Train one run, then evaluate it on the validation (``data.eval``) and test partitions, each on
+    ``eval_rows`` of their rows (0 = all; ``sample``: the first ones, or spread over the day, see
+    :func:`eval_loader`); with ``calibrate`` (platt | offset) the run's calibration is fitted on those
+    validation rows, written to RUN/calibration.json and test is evaluated again through it. Reuses
+    RUN/result.json when it was written for the identical resolved config and evaluation; a run trained
+    for the same config but scored on other rows is scored again from its final checkpoint
+    (:func:`rescore_finished_run`), not trained again. Returns (record, trained now)."""
     from opengem.train.trainer import Trainer
 
-    max_batches = eval_batches(rc, eval_rows)
-    rec = _result_for(rc, run_dir, test_spec, eval_rows)
+    rec = _result_for(rc, run_dir, test_spec, eval_rows, sample)
     if rec is not None and rec.get("calibrate", "none") == calibrate:
         return rec, False
     if rec is not None and rec.get("calibrate", "none") == "none":  # finished uncalibrated: calibrate it now
-        return calibrate_finished_run(rec, run_dir, test_spec, max_batches, calibrate), False
+        return calibrate_finished_run(rec, run_dir, test_spec, eval_rows, calibrate, sample), False
+    trained = _trained_result(rc, run_dir)
+    if trained is not None and _final_checkpoint(run_dir) is not None:
+        return rescore_finished_run(trained, rc, run_dir, test_spec, eval_rows, calibrate, sample), False
     ident = config_sha256(rc)
     done = run_dir / "result.json"
     test_raw = None
     with Trainer(rc, run_dir, rc.data.path, force=True) as tr:
         s = tr.fit()
-        valid = tr.evaluate(rc.data.eval, max_batches=max_batches)["metrics"]
-        test = tr.evaluate(test_spec, max_batches=max_batches)["metrics"]
+        valid, test = _scores(tr, test_spec, eval_rows, sample)
         if calibrate != "none":
-            _calibrate(tr, run_dir, calibrate, max_batches)
-            test_raw, test = test, tr.evaluate(test_spec, max_batches=max_batches)["metrics"]
+            _calibrate(tr, run_dir, calibrate, eval_rows, sample)
+            test_raw, test = test, _scores(tr, test_spec, eval_rows, sample)[1]
     records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
     setup = [r for r in records if r.get("kind") == "setup"][-1]
-    rec = {"config_sha256": ident, "test_spec": test_spec, "eval_batches": max_batches,
+    rec = {"config_sha256": ident, "test_spec": test_spec, "eval_batches": eval_batches(rc, eval_rows),
            "steps": s["steps"], "examples": s["examples"],
            "flops_per_example": s["flops_per_example"], "train_seconds": s["train_seconds"],
            "examples_per_s": s["examples_per_s"], "dense_params": setup.get("dense_params"),
            "embedding_params": setup.get("embedding_params"), "valid": valid, "test": test,
            "calibrate": calibrate, "test_uncalibrated": test_raw}
+    if sample != "first":
+        rec["eval_sample"] = sample
     atomic_write_text(done, json.dumps(rec, indent=2))
     return rec, True
 
 
-def calibrate_finished_run(rec: dict[str, Any], run_dir: Path, test_spec: str, max_batches: int,
-                           calibrate: str) -> dict[str, Any]:
+def _final_checkpoint(run_dir: Path) -> Path | None:
+    from opengem.train.checkpoint import CheckpointError
+    from opengem.train.evaluate import run_checkpoint
+
+    try:
+        return run_checkpoint(run_dir)[0]
+    except CheckpointError:  # no checkpoint left (removed, or the run never wrote one): train it again
+        return None
+
+
+def rescore_finished_run(rec: dict[str, Any], rc: Any, run_dir: Path, test_spec: str, eval_rows: int,
+                         calibrate: str, sample: str) -> dict[str, Any]:
+    """``rec``, the result of a run trained for this config but scored on other rows (another
+    ``eval_rows``, ``sample`` or test spec), scored again from its final checkpoint on the rows asked for:
+    validation, then (``calibrate``) a calibration fitted on those validation rows, then test. The training
+    fields are kept; validation and test are what :func:`train_and_test` would have written right after
+    training, since the final checkpoint is the trained model."""
+    from opengem.train.evaluate import open_run
+
+    with open_run(run_dir, calibrated=False) as r:
+        valid, test = _scores(r, test_spec, eval_rows, sample)
+        test_raw = None
+        if calibrate != "none":
+            _calibrate(r, run_dir, calibrate, eval_rows, sample)
+            test_raw, test = test, _scores(r, test_spec, eval_rows, sample)[1]
+    rec = {k: v for k, v in rec.items() if k not in ("eval_sample", "calibrated_after_training")}
+    rec.update(test_spec=test_spec, eval_batches=eval_batches(rc, eval_rows), valid=valid, test=test,
+               calibrate=calibrate, test_uncalibrated=test_raw, rescored=True)
+    if sample != "first":
+        rec["eval_sample"] = sample
+    atomic_write_text(run_dir / "result.json", json.dumps(rec, indent=2))
+    return rec
+
+
+def calibrate_finished_run(rec: dict[str, Any], run_dir: Path, test_spec: str, eval_rows: int,
+                           calibrate: str, sample: str = "first") -> dict[str, Any]:
     """``rec``, the result of a run finished uncalibrated, calibrated now from the run's final checkpoint as
     ``train_and_test`` would have right after training (fit on the same validation rows, test scored through
     it, the raw test kept as ``test_uncalibrated``) and written back. Validation, which chose the rates and
     sizes, is the model's own either way, so a finished study switched to ``calibrate`` = platt | offset
     rescores its test without retraining anything."""
-    from opengem.train.data import make_loader
-    from opengem.train.evaluate import evaluate_model, open_run
+    from opengem.train.evaluate import open_run
 
     with open_run(run_dir, calibrated=False) as r:
-        _calibrate(r, run_dir, calibrate, max_batches)
-        test = evaluate_model(r.model, make_loader(r.ds, test_spec, r.cfg.data, train=False), r.ds.schema,
-                              r.device, max_batches=max_batches)["metrics"]
+        _calibrate(r, run_dir, calibrate, eval_rows, sample)
+        test = _scores(r, test_spec, eval_rows, sample)[1]
     rec.update(calibrate=calibrate, test_uncalibrated=rec["test"], test=test, calibrated_after_training=True)
     atomic_write_text(run_dir / "result.json", json.dumps(rec, indent=2))
     return rec
 
 
-def _calibrate(tr: Any, run_dir: Path, method: str, max_batches: int) -> None:
+def _calibrate(tr: Any, run_dir: Path, method: str, eval_rows: int, sample: str = "first") -> None:
     """Fit the trained model's calibration on its validation rows, fold it in, and write RUN/calibration.json
     for the run's final checkpoint, so that ``opengem evaluate`` of the run scores as the study does. ``tr``:
     the Trainer that just trained it, or the run opened from that checkpoint (``evaluate.open_run``)."""
     from opengem.train.calibrate import MIN_POSITIVES, write_calibration
     from opengem.train.evaluate import run_checkpoint
 
-    fit, rows = _fit_on_validation(tr, method, max_batches)
+    fit, rows = _fit_on_validation(tr, method, eval_rows, sample)
     checkpoint, _best = run_checkpoint(run_dir)
     spec = tr.cfg.data.eval
     write_calibration(run_dir, fit, method, MIN_POSITIVES, checkpoint, tr.step, tr.data_path, spec,
                       tr.ds.select(spec), rows, list(tr.ds.schema.surfaces), tr.ds.schema.task_names)
 
 
-def _fit_on_validation(tr: Any, method: str, max_batches: int) -> tuple[Any, int]:
-    """Fit ``tr.model``'s calibration on the first ``max_batches`` batches (0 = all) of its run's validation
+def _fit_on_validation(tr: Any, method: str, eval_rows: int, sample: str = "first") -> tuple[Any, int]:
+    """Fit ``tr.model``'s calibration on the study's ``eval_rows`` rows (0 = all) of its run's validation
     partitions (``data.eval``) and fold it in; returns (the fit, rows). ``tr``: a Trainer or an OpenRun."""
     from opengem.train.calibrate import MIN_POSITIVES, calibrate_model
-    from opengem.train.data import make_loader
 
-    schema, batches = tr.ds.schema, make_loader(tr.ds, tr.cfg.data.eval, tr.cfg.data, train=False)
+    schema = tr.ds.schema
+    batches, max_batches = eval_loader(tr, tr.cfg.data.eval, eval_rows, sample)
     return calibrate_model(tr.model, batches, tr.device, list(schema.surfaces), schema.task_names, method,
                            MIN_POSITIVES, max_batches=max_batches)
 
@@ -536,16 +613,18 @@ def run_study(cfg: IsoflopConfig, out: str | Path, data_dir: str | Path | None =
         rc = st.run_config(fams[job.family], job.size, p.steps, job.lr, job.seed)
         run_dir = out / "runs" / job.name
         if cfg.workers > 1:
-            rec = finished_run(rc, run_dir, st.test_spec, cfg.eval_rows, cfg.calibrate)
+            rec = finished_run(rc, run_dir, st.test_spec, cfg.eval_rows, cfg.calibrate, cfg.eval_sample)
             trained = rec is None
             if trained:
                 rec = _train_in_process_of_its_own(out, st, job, run_dir)
-                if finished_run(rc, run_dir, st.test_spec, cfg.eval_rows, cfg.calibrate) is None:
+                if finished_run(rc, run_dir, st.test_spec, cfg.eval_rows, cfg.calibrate,
+                                cfg.eval_sample) is None:
                     raise TrainError(f"isoflop: run {job.name} wrote a result for another config than the "
                                      f"study's ({run_dir / 'result.json'})")
-                trained = not rec.get("calibrated_after_training")
+                trained = not (rec.get("calibrated_after_training") or rec.get("rescored"))
         else:
-            rec, trained = train_and_test(rc, run_dir, st.test_spec, cfg.eval_rows, cfg.calibrate)
+            rec, trained = train_and_test(rc, run_dir, st.test_spec, cfg.eval_rows, cfg.calibrate,
+                                           cfg.eval_sample)
         row = {"name": job.name, "family": job.family, "model": fams[job.family].model or job.family,
                "size": job.size, "budget": job.budget, "flops_budget": p.flops_budget, "lr": job.lr,
                "seed": job.seed, "roles": [job.role], "overrides": " ".join(st.sizes[job.family][job.size]),
@@ -658,7 +737,7 @@ def train_cell(cfg: IsoflopConfig, out: str | Path, data_dir: str | Path | None,
     for seed in seeds:
         name = run_name(family, size, budget, lr, seed)
         rec, trained = train_and_test(st.run_config(fam, size, p.steps, lr, seed), out / "runs" / name,
-                                      st.test_spec, cfg.eval_rows, cfg.calibrate)
+                                      st.test_spec, cfg.eval_rows, cfg.calibrate, cfg.eval_sample)
         valid, how = selection_ne(rec["valid"], cfg.metric), "trained" if trained else "reused"
         log(f"isoflop: {name}: {rec['examples']} rows, valid NE {valid:.5f}, {how}")
         recs.append({"name": name, **rec})

@@ -157,6 +157,9 @@ def summarize_study(cfg: Any, st: Any, records: list[dict[str, Any]], lr_choice:
         "size": {"rule": size_rule, "scores": size_choice or {}},
         "oracle_ne": floor, "oracle_per_key": oracle_keys,
         "calibrate": cfg.calibrate,  # none, or how each run's test was calibrated on its validation rows
+        # the rows every run is scored on: eval_rows of validation and of test (0 = all), their first rows or
+        # (eval_sample = spread) whole row groups spread over the day
+        "eval": {"rows": cfg.eval_rows, "sample": cfg.eval_sample},
         "budgets": list(cfg.budgets), "splits": {"train": st.train_spec, "valid": st.valid_spec,
                                                  "test": st.test_spec}, "train_rows": st.train_rows,
         "law": "NE = a * C^-b + c on the frontier, C = training FLOPs = 3 x forward FLOPs/example x rows",
@@ -372,10 +375,22 @@ def scorecard(res: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _eval_rows_line(ev: dict[str, Any] | None) -> list[str]:
+    """How many validation and test rows each run was scored on, and which (none: a report written before)."""
+    if not ev:
+        return []
+    if not ev.get("rows"):
+        return ["every run scored on the whole validation and test days"]
+    how = ("whole row groups spread evenly over each day" if ev.get("sample") == "spread"
+           else "each day's first rows")
+    return [f"every run scored on {ev['rows']:,} validation and {ev['rows']:,} test rows: {how}"]
+
+
 def format_study(res: dict[str, Any]) -> str:
     """The printed report: lr choice, frontier (NE +- CI, calibration), laws, efficiency ratios."""
     lines = [f"NE metric: {res['metric']} ({', '.join(res['metric_keys'])}) on the test day "
              f"{res['splits']['test']}; oracle NE {_fmt(res['oracle_ne'])}",
+             *_eval_rows_line(res.get("eval")),
              f"learning rate: {res['lr']['rule']}"]
     for fam, grids in res["lr"]["grid"].items():
         grid = grids[0] if isinstance(grids, list) else grids  # lr_budgets = "each": one grid per budget

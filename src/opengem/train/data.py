@@ -39,11 +39,15 @@ def prepare_data(cfg: DataConfig, run_dir: str | Path, data_dir: str | Path | No
     return path
 
 
-def make_loader(ds: Dataset, spec: str, cfg: DataConfig, *, train: bool, seed: int = 0) -> ParquetLoader:
-    """This rank's loader over the partitions ``spec`` selects; evaluation never shuffles or mixes rows."""
+def make_loader(ds: Dataset, spec: str, cfg: DataConfig, *, train: bool, seed: int = 0,
+                spread_rows: int = 0) -> ParquetLoader:
+    """This rank's loader over the partitions ``spec`` selects; evaluation never shuffles or mixes rows.
+    ``spread_rows`` > 0 (evaluation only): that many rows spread evenly over the partitions' row groups."""
+    if train and spread_rows:
+        raise ValueError("spread_rows samples evaluation rows; a training loader reads every row")
     batch_size = cfg.batch_size if train or not cfg.eval_batch_size else cfg.eval_batch_size
     return ParquetLoader(ds.files(spec), ds.schema, batch_size, rank=distributed.rank(),
                          world_size=distributed.world_size(), num_workers=cfg.num_workers,
                          on_error=cfg.on_error or None, drop_last=train,
                          shuffle_units=train and cfg.shuffle, seed=seed,
-                         shuffle_window=cfg.shuffle_window if train else 0)
+                         shuffle_window=cfg.shuffle_window if train else 0, spread_rows=spread_rows)
