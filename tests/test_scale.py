@@ -625,7 +625,7 @@ def test_isoflop_runs_calibrated_on_validation(tmp_path):
         load_isoflop_config(ISO_SMALL, ["calibrate=isotonic"])
 
 
-def test_isoflop_spread_sample_rescores_finished_runs_without_training(tmp_path):
+def test_isoflop_spread_sample_rescores_finished_runs_without_training(tmp_path, monkeypatch):
     """eval_sample = spread: every run scored on eval_rows rows of whole row groups spread over each day; a
     study finished on the days' first rows and switched to spread trains nothing again, and each run's
     validation, calibration and test are what scoring those rows from its checkpoint gives."""
@@ -645,7 +645,16 @@ def test_isoflop_spread_sample_rescores_finished_runs_without_training(tmp_path)
     runs = sorted((tmp_path / "runs").iterdir())
     before = {r.name: json.loads((r / "result.json").read_text()) for r in runs}
     cfg.eval_sample = "spread"
+    import opengem.bench.isoflop as isoflop_module
+
+    passes: list[str] = []
+    loader = isoflop_module.eval_loader
+    monkeypatch.setattr(isoflop_module, "eval_loader",
+                        lambda holder, spec, *a: passes.append(spec) or loader(holder, spec, *a))
     spread = run_study(cfg, tmp_path, run_overrides=extra, data_dir=tmp_path / "data", log=lambda m: None)
+    monkeypatch.setattr(isoflop_module, "eval_loader", loader)
+    # per run: validation, test, the calibration fit on validation, the calibrated test; nothing twice more
+    assert sorted(passes) == sorted(["day=006", "day=007"] * 2 * len(runs))
     assert spread["runs_trained_now"] == 0 and spread["eval"] == {"rows": 1024, "sample": "spread"}
     assert "1,024 validation and 1,024 test rows: whole row groups spread evenly over each day" in (
         format_study(spread))

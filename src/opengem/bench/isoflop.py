@@ -396,17 +396,16 @@ def eval_loader(holder: Any, spec: str, eval_rows: int, sample: str = "first") -
     return make_loader(holder.ds, spec, holder.cfg.data, train=False), eval_batches(holder.cfg, eval_rows)
 
 
-def _scores(holder: Any, test_spec: str, eval_rows: int, sample: str
-            ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(validation, test) metrics of ``holder``'s model on the rows the study scores."""
+def _score(holder: Any, spec: str, eval_rows: int, sample: str) -> dict[str, Any]:
+    """Metrics of ``holder``'s model now on the rows of ``spec`` the study scores. A Trainer evaluates
+    through its own ``evaluate`` (which first detaches a training pipeline's prefetched lookups)."""
     from opengem.train.evaluate import evaluate_model
 
-    out = []
-    for spec in (holder.cfg.data.eval, test_spec):
-        batches, max_batches = eval_loader(holder, spec, eval_rows, sample)
-        out.append(evaluate_model(holder.model, batches, holder.ds.schema, holder.device,
-                                  max_batches=max_batches)["metrics"])
-    return out[0], out[1]
+    batches, max_batches = eval_loader(holder, spec, eval_rows, sample)
+    if hasattr(holder, "evaluate"):
+        return holder.evaluate(batches=batches, max_batches=max_batches)["metrics"]
+    return evaluate_model(holder.model, batches, holder.ds.schema, holder.device,
+                          max_batches=max_batches)["metrics"]
 
 
 def train_and_test(rc: Any, run_dir: Path, test_spec: str, eval_rows: int = 0, calibrate: str = "none",
@@ -433,10 +432,10 @@ def train_and_test(rc: Any, run_dir: Path, test_spec: str, eval_rows: int = 0, c
     test_raw = None
     with Trainer(rc, run_dir, rc.data.path, force=True) as tr:
         s = tr.fit()
-        valid, test = _scores(tr, test_spec, eval_rows, sample)
+        valid, test = (_score(tr, spec, eval_rows, sample) for spec in (rc.data.eval, test_spec))
         if calibrate != "none":
             _calibrate(tr, run_dir, calibrate, eval_rows, sample)
-            test_raw, test = test, _scores(tr, test_spec, eval_rows, sample)[1]
+            test_raw, test = test, _score(tr, test_spec, eval_rows, sample)
     records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
     setup = [r for r in records if r.get("kind") == "setup"][-1]
     rec = {"config_sha256": ident, "test_spec": test_spec, "eval_batches": eval_batches(rc, eval_rows),
@@ -471,11 +470,11 @@ def rescore_finished_run(rec: dict[str, Any], rc: Any, run_dir: Path, test_spec:
     from opengem.train.evaluate import open_run
 
     with open_run(run_dir, calibrated=False) as r:
-        valid, test = _scores(r, test_spec, eval_rows, sample)
+        valid, test = (_score(r, spec, eval_rows, sample) for spec in (r.cfg.data.eval, test_spec))
         test_raw = None
         if calibrate != "none":
             _calibrate(r, run_dir, calibrate, eval_rows, sample)
-            test_raw, test = test, _scores(r, test_spec, eval_rows, sample)[1]
+            test_raw, test = test, _score(r, test_spec, eval_rows, sample)
     rec = {k: v for k, v in rec.items() if k not in ("eval_sample", "calibrated_after_training")}
     rec.update(test_spec=test_spec, eval_batches=eval_batches(rc, eval_rows), valid=valid, test=test,
                calibrate=calibrate, test_uncalibrated=test_raw, rescored=True)
@@ -496,7 +495,7 @@ def calibrate_finished_run(rec: dict[str, Any], run_dir: Path, test_spec: str, e
 
     with open_run(run_dir, calibrated=False) as r:
         _calibrate(r, run_dir, calibrate, eval_rows, sample)
-        test = _scores(r, test_spec, eval_rows, sample)[1]
+        test = _score(r, test_spec, eval_rows, sample)
     rec.update(calibrate=calibrate, test_uncalibrated=rec["test"], test=test, calibrated_after_training=True)
     atomic_write_text(run_dir / "result.json", json.dumps(rec, indent=2))
     return rec
