@@ -379,10 +379,20 @@ def _result_for(rc: Any, run_dir: Path, test_spec: str, eval_rows: int, sample: 
     """RUN/result.json when it was written for the identical resolved config, test spec and evaluation rows
     (whatever its calibration), else None."""
     rec = _trained_result(rc, run_dir)
-    if rec is None or (rec.get("test_spec"), rec.get("eval_batches"), rec.get("eval_sample", "first")) != (
-            test_spec, eval_batches(rc, eval_rows), sample):
-        return None
-    return rec
+    return rec if rec is not None and _scored_as(rec, rc, test_spec, eval_rows, sample) else None
+
+
+def _eval_fields(rc: Any, test_spec: str, eval_rows: int, sample: str) -> dict[str, Any]:
+    """The fields of a result that say which rows it was scored on (``eval_sample`` only when not "first",
+    so that results written before the knob keep matching)."""
+    fields = {"test_spec": test_spec, "eval_batches": eval_batches(rc, eval_rows)}
+    return fields if sample == "first" else {**fields, "eval_sample": sample}
+
+
+def _scored_as(rec: dict[str, Any], rc: Any, test_spec: str, eval_rows: int, sample: str) -> bool:
+    """Whether the result ``rec`` was scored on the rows these settings name."""
+    return (rec.get("test_spec"), rec.get("eval_batches"), rec.get("eval_sample", "first")) == (
+        test_spec, eval_batches(rc, eval_rows), sample)
 
 
 def eval_loader(holder: Any, spec: str, eval_rows: int, sample: str = "first") -> tuple[Any, int]:
@@ -419,35 +429,41 @@ def train_and_test(rc: Any, run_dir: Path, test_spec: str, eval_rows: int = 0, c
     (:func:`rescore_finished_run`), not trained again. Returns (record, trained now)."""
     from opengem.train.trainer import Trainer
 
-    rec = _result_for(rc, run_dir, test_spec, eval_rows, sample)
-    if rec is not None and rec.get("calibrate", "none") == calibrate:
-        return rec, False
-    if rec is not None and rec.get("calibrate", "none") == "none":  # finished uncalibrated: calibrate it now
-        return calibrate_finished_run(rec, run_dir, test_spec, eval_rows, calibrate, sample), False
     trained = _trained_result(rc, run_dir)
+    if trained is not None and _scored_as(trained, rc, test_spec, eval_rows, sample):
+        if trained.get("calibrate", "none") == calibrate:
+            return trained, False
+        if trained.get("calibrate", "none") == "none":  # finished uncalibrated: calibrate it now
+            return calibrate_finished_run(trained, run_dir, test_spec, eval_rows, calibrate, sample), False
     if trained is not None and _final_checkpoint(run_dir) is not None:
         return rescore_finished_run(trained, rc, run_dir, test_spec, eval_rows, calibrate, sample), False
     ident = config_sha256(rc)
     done = run_dir / "result.json"
-    test_raw = None
     with Trainer(rc, run_dir, rc.data.path, force=True) as tr:
         s = tr.fit()
-        valid, test = (_score(tr, spec, eval_rows, sample) for spec in (rc.data.eval, test_spec))
-        if calibrate != "none":
-            _calibrate(tr, run_dir, calibrate, eval_rows, sample)
-            test_raw, test = test, _score(tr, test_spec, eval_rows, sample)
+        valid, test, test_raw = _score_run(tr, run_dir, test_spec, eval_rows, calibrate, sample)
     records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
     setup = [r for r in records if r.get("kind") == "setup"][-1]
-    rec = {"config_sha256": ident, "test_spec": test_spec, "eval_batches": eval_batches(rc, eval_rows),
+    rec = {"config_sha256": ident, **_eval_fields(rc, test_spec, eval_rows, sample),
            "steps": s["steps"], "examples": s["examples"],
            "flops_per_example": s["flops_per_example"], "train_seconds": s["train_seconds"],
            "examples_per_s": s["examples_per_s"], "dense_params": setup.get("dense_params"),
            "embedding_params": setup.get("embedding_params"), "valid": valid, "test": test,
            "calibrate": calibrate, "test_uncalibrated": test_raw}
-    if sample != "first":
-        rec["eval_sample"] = sample
     atomic_write_text(done, json.dumps(rec, indent=2))
     return rec, True
+
+
+def _score_run(holder: Any, run_dir: Path, test_spec: str, eval_rows: int, calibrate: str, sample: str
+               ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None]:
+    """(validation, test, raw test) of a trained model on the study's rows: with ``calibrate`` (platt |
+    offset) test is scored through a calibration fitted on those validation rows (RUN/calibration.json) and
+    the raw test comes third, else the third is None. ``holder``: a Trainer or an OpenRun."""
+    valid, test = (_score(holder, spec, eval_rows, sample) for spec in (holder.cfg.data.eval, test_spec))
+    if calibrate == "none":
+        return valid, test, None
+    _calibrate(holder, run_dir, calibrate, eval_rows, sample)
+    return valid, _score(holder, test_spec, eval_rows, sample), test
 
 
 def _final_checkpoint(run_dir: Path) -> Path | None:
@@ -470,16 +486,10 @@ def rescore_finished_run(rec: dict[str, Any], rc: Any, run_dir: Path, test_spec:
     from opengem.train.evaluate import open_run
 
     with open_run(run_dir, calibrated=False) as r:
-        valid, test = (_score(r, spec, eval_rows, sample) for spec in (r.cfg.data.eval, test_spec))
-        test_raw = None
-        if calibrate != "none":
-            _calibrate(r, run_dir, calibrate, eval_rows, sample)
-            test_raw, test = test, _score(r, test_spec, eval_rows, sample)
+        valid, test, test_raw = _score_run(r, run_dir, test_spec, eval_rows, calibrate, sample)
     rec = {k: v for k, v in rec.items() if k not in ("eval_sample", "calibrated_after_training")}
-    rec.update(test_spec=test_spec, eval_batches=eval_batches(rc, eval_rows), valid=valid, test=test,
-               calibrate=calibrate, test_uncalibrated=test_raw, rescored=True)
-    if sample != "first":
-        rec["eval_sample"] = sample
+    rec.update(_eval_fields(rc, test_spec, eval_rows, sample), valid=valid, test=test, calibrate=calibrate,
+               test_uncalibrated=test_raw, rescored=True)
     atomic_write_text(run_dir / "result.json", json.dumps(rec, indent=2))
     return rec
 
