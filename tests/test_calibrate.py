@@ -243,3 +243,34 @@ def test_two_ranks_fold_the_calibration_into_their_shards(tiny_run, tmp_path):
     for k in ("all/click", "all/conversion", "feed/click"):
         assert two["metrics"][k]["ne"] == pytest.approx(one[k]["ne"], rel=1e-5)
         assert two["metrics"][k]["calibration"] == pytest.approx(one[k]["calibration"], rel=1e-5)
+
+
+def test_one_pass_gives_the_fit_and_the_calibrated_metrics_of_the_folded_model(tiny_run):
+    """The observers of evaluate_model: LogitCollector keeps what collect_logits gives on the same rows, and
+    CalibratedMetrics scores the raw logits through a fit as the model with that fit folded in scores."""
+    from opengem.train.calibrate import CalibratedMetrics, LogitCollector, collect_logits
+    from opengem.train.data import make_loader
+    from opengem.train.evaluate import evaluate_model
+
+    with open_run(tiny_run, calibrated=False) as r:
+        schema = r.ds.schema
+        surfaces, tasks = list(schema.surfaces), schema.task_names
+        rows = lambda spec: make_loader(r.ds, spec, r.cfg.data, train=False)  # noqa: E731
+        kept = LogitCollector()
+        valid = evaluate_model(r.model, rows(r.cfg.data.eval), schema, r.device, on_logits=kept)
+        assert valid == evaluate_model(r.model, rows(r.cfg.data.eval), schema, r.device)  # watching is free
+        for got, want in zip(kept.arrays(), collect_logits(r.model, rows(r.cfg.data.eval), r.device)):
+            np.testing.assert_array_equal(got, want)
+        fit = fit_calibration(*kept.arrays(), surfaces, tasks, "platt", min_positives=5)
+        assert not np.allclose(fit.slope, 1.0) and not np.allclose(fit.offset, 0.0)
+        calibrated = CalibratedMetrics(fit, surfaces, tasks)
+        raw = evaluate_model(r.model, rows(r.cfg.data.train), schema, r.device, on_logits=calibrated)
+        fold_into_head(r.model, fit.slope, fit.offset)
+        folded = evaluate_model(r.model, rows(r.cfg.data.train), schema, r.device)["metrics"]
+    got = calibrated.compute()
+    assert got.keys() == folded.keys()
+    for cell, m in folded.items():
+        for k in ("ne", "auc", "calibration"):
+            if m[k] == m[k]:  # NaN where a cell has no positives
+                assert got[cell][k] == pytest.approx(m[k], rel=1e-5, abs=1e-7), (cell, k)
+    assert got["all/click"]["ne"] != raw["metrics"]["all/click"]["ne"]

@@ -406,16 +406,17 @@ def eval_loader(holder: Any, spec: str, eval_rows: int, sample: str = "first") -
     return make_loader(holder.ds, spec, holder.cfg.data, train=False), eval_batches(holder.cfg, eval_rows)
 
 
-def _score(holder: Any, spec: str, eval_rows: int, sample: str) -> dict[str, Any]:
-    """Metrics of ``holder``'s model now on the rows of ``spec`` the study scores. A Trainer evaluates
-    through its own ``evaluate`` (which first detaches a training pipeline's prefetched lookups)."""
+def _score(holder: Any, spec: str, eval_rows: int, sample: str, on_logits: Any = None) -> dict[str, Any]:
+    """Metrics of ``holder``'s model now on the rows of ``spec`` the study scores (``on_logits``: an observer
+    of each batch's logits, see ``evaluate_model``). A Trainer evaluates through its own ``evaluate`` (which
+    first detaches a training pipeline's prefetched lookups)."""
     from opengem.train.evaluate import evaluate_model
 
     batches, max_batches = eval_loader(holder, spec, eval_rows, sample)
     if hasattr(holder, "evaluate"):
-        return holder.evaluate(batches=batches, max_batches=max_batches)["metrics"]
+        return holder.evaluate(batches=batches, max_batches=max_batches, on_logits=on_logits)["metrics"]
     return evaluate_model(holder.model, batches, holder.ds.schema, holder.device,
-                          max_batches=max_batches)["metrics"]
+                          max_batches=max_batches, on_logits=on_logits)["metrics"]
 
 
 def train_and_test(rc: Any, run_dir: Path, test_spec: str, eval_rows: int = 0, calibrate: str = "none",
@@ -456,14 +457,22 @@ def train_and_test(rc: Any, run_dir: Path, test_spec: str, eval_rows: int = 0, c
 
 def _score_run(holder: Any, run_dir: Path, test_spec: str, eval_rows: int, calibrate: str, sample: str
                ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None]:
-    """(validation, test, raw test) of a trained model on the study's rows: with ``calibrate`` (platt |
-    offset) test is scored through a calibration fitted on those validation rows (RUN/calibration.json) and
-    the raw test comes third, else the third is None. ``holder``: a Trainer or an OpenRun."""
-    valid, test = (_score(holder, spec, eval_rows, sample) for spec in (holder.cfg.data.eval, test_spec))
+    """(validation, test, raw test) of a trained model on the study's rows, one pass over each: with
+    ``calibrate`` (platt | offset) the validation pass also keeps the logits its calibration is fitted on
+    (written to RUN/calibration.json), and the test pass scores each batch both raw (third) and through
+    that fit (second); else the third is None. ``holder``: a Trainer or an OpenRun."""
+    from opengem.train.calibrate import CalibratedMetrics, LogitCollector
+
     if calibrate == "none":
+        valid, test = (_score(holder, spec, eval_rows, sample) for spec in (holder.cfg.data.eval, test_spec))
         return valid, test, None
-    _calibrate(holder, run_dir, calibrate, eval_rows, sample)
-    return valid, _score(holder, test_spec, eval_rows, sample), test
+    logits = LogitCollector()
+    valid = _score(holder, holder.cfg.data.eval, eval_rows, sample, on_logits=logits)
+    fit = _fit_calibration(holder, run_dir, calibrate, logits)
+    schema = holder.ds.schema
+    calibrated = CalibratedMetrics(fit, list(schema.surfaces), schema.task_names)
+    test_raw = _score(holder, test_spec, eval_rows, sample, on_logits=calibrated)
+    return valid, calibrated.compute(), test_raw
 
 
 def _final_checkpoint(run_dir: Path) -> Path | None:
@@ -504,36 +513,28 @@ def calibrate_finished_run(rec: dict[str, Any], run_dir: Path, test_spec: str, e
     from opengem.train.evaluate import open_run
 
     with open_run(run_dir, calibrated=False) as r:
-        _calibrate(r, run_dir, calibrate, eval_rows, sample)
-        test = _score(r, test_spec, eval_rows, sample)
+        _valid, test, _raw = _score_run(r, run_dir, test_spec, eval_rows, calibrate, sample)
     rec.update(calibrate=calibrate, test_uncalibrated=rec["test"], test=test, calibrated_after_training=True)
     atomic_write_text(run_dir / "result.json", json.dumps(rec, indent=2))
     return rec
 
 
-def _calibrate(tr: Any, run_dir: Path, method: str, eval_rows: int, sample: str = "first") -> None:
-    """Fit the trained model's calibration on its validation rows, fold it in, and write RUN/calibration.json
-    for the run's final checkpoint, so that ``opengem evaluate`` of the run scores as the study does. ``tr``:
-    the Trainer that just trained it, or the run opened from that checkpoint (``evaluate.open_run``)."""
-    from opengem.train.calibrate import MIN_POSITIVES, write_calibration
+def _fit_calibration(tr: Any, run_dir: Path, method: str, logits: Any) -> Any:
+    """The calibration (platt | offset) of the trained model fitted on the validation rows whose logits
+    ``logits`` (a LogitCollector) kept, written to RUN/calibration.json for the run's final checkpoint so
+    that ``opengem evaluate`` of the run scores as the study does. ``tr``: the Trainer that just trained it,
+    or the run opened from that checkpoint (``evaluate.open_run``)."""
+    from opengem.train.calibrate import MIN_POSITIVES, fit_calibration, write_calibration
     from opengem.train.evaluate import run_checkpoint
 
-    fit, rows = _fit_on_validation(tr, method, eval_rows, sample)
+    schema = tr.ds.schema
+    z, y, m, s = logits.arrays()
+    fit = fit_calibration(z, y, m, s, list(schema.surfaces), schema.task_names, method, MIN_POSITIVES)
     checkpoint, _best = run_checkpoint(run_dir)
     spec = tr.cfg.data.eval
     write_calibration(run_dir, fit, method, MIN_POSITIVES, checkpoint, tr.step, tr.data_path, spec,
-                      tr.ds.select(spec), rows, list(tr.ds.schema.surfaces), tr.ds.schema.task_names)
-
-
-def _fit_on_validation(tr: Any, method: str, eval_rows: int, sample: str = "first") -> tuple[Any, int]:
-    """Fit ``tr.model``'s calibration on the study's ``eval_rows`` rows (0 = all) of its run's validation
-    partitions (``data.eval``) and fold it in; returns (the fit, rows). ``tr``: a Trainer or an OpenRun."""
-    from opengem.train.calibrate import MIN_POSITIVES, calibrate_model
-
-    schema = tr.ds.schema
-    batches, max_batches = eval_loader(tr, tr.cfg.data.eval, eval_rows, sample)
-    return calibrate_model(tr.model, batches, tr.device, list(schema.surfaces), schema.task_names, method,
-                           MIN_POSITIVES, max_batches=max_batches)
+                      tr.ds.select(spec), len(y), list(schema.surfaces), schema.task_names)
+    return fit
 
 
 def prepare_study(cfg: IsoflopConfig, out: Path, data_dir: str | Path | None, extra: list[str],

@@ -181,8 +181,7 @@ def collect_logits_of(models: Mapping[str, nn.Module], batches: Any, device: tor
                       ) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray, np.ndarray]:
     """:func:`collect_logits` of several models in one pass over ``batches`` (each batch decoded once):
     (logits by model name, labels, observed mask, surface), the last three shared by every model."""
-    zs: dict[str, list[np.ndarray]] = {name: [] for name in models}
-    ys, ms, ss = [], [], []
+    kept = {name: LogitCollector() for name in models}
     for model in models.values():
         model.eval()
     with torch.no_grad():
@@ -191,14 +190,57 @@ def collect_logits_of(models: Mapping[str, nn.Module], batches: Any, device: tor
                 break
             batch = batch.to(device)
             for name, model in models.items():
-                zs[name].append(model(batch).logits.double().cpu().numpy())
-            ys.append(batch.labels.double().cpu().numpy())
-            ms.append(batch.label_mask.bool().cpu().numpy())
-            ss.append(batch.surface.cpu().numpy())
-    if not ys:
-        raise CalibrationError("no rows to calibrate on")
-    return ({name: np.concatenate(z) for name, z in zs.items()}, np.nan_to_num(np.concatenate(ys)),
-            np.concatenate(ms), np.concatenate(ss))
+                kept[name](name, model(batch).logits, batch)
+    arrays = {name: k.arrays() for name, k in kept.items()}
+    _, y, m, s = next(iter(arrays.values()))
+    return {name: a[0] for name, a in arrays.items()}, y, m, s
+
+
+class LogitCollector:
+    """Keeps the logits a model gives and the rows' labels, observed mask and surface, as an ``on_logits``
+    observer of :func:`~opengem.train.evaluate.evaluate_model`: the pass that scores the validation rows
+    also gives the calibration fit its data."""
+
+    def __init__(self) -> None:
+        self._z: list[np.ndarray] = []
+        self._y: list[np.ndarray] = []
+        self._m: list[np.ndarray] = []
+        self._s: list[np.ndarray] = []
+
+    def __call__(self, name: str, logits: torch.Tensor, batch: Any) -> None:
+        self._z.append(logits.detach().double().cpu().numpy())
+        self._y.append(batch.labels.double().cpu().numpy())
+        self._m.append(batch.label_mask.bool().cpu().numpy())
+        self._s.append(batch.surface.cpu().numpy())
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(logits [N, T], labels [N, T] with 0 where unobserved, observed mask [N, T], surface [N])."""
+        if not self._y:
+            raise CalibrationError("no rows to calibrate on")
+        return (np.concatenate(self._z), np.nan_to_num(np.concatenate(self._y)), np.concatenate(self._m),
+                np.concatenate(self._s))
+
+
+class CalibratedMetrics:
+    """Metrics of the logits a model gives passed through ``fit`` (``sigmoid(a * z + c)`` per surface x
+    task), as an ``on_logits`` observer: one pass over the test rows gives both their raw metrics (the
+    pass's own) and their calibrated ones. They equal the metrics of the model with ``fit`` folded into its
+    head up to float rounding (the fold scales the head's weights before the matmul, this the logit after)."""
+
+    def __init__(self, fit: CalibrationFit, surfaces: list[str], tasks: list[str]) -> None:
+        from opengem.metrics import MetricAccumulator
+
+        self._acc = MetricAccumulator(surfaces, tasks)
+        self._slope = torch.as_tensor(fit.slope, dtype=torch.float32)
+        self._offset = torch.as_tensor(fit.offset, dtype=torch.float32)
+
+    def __call__(self, name: str, logits: torch.Tensor, batch: Any) -> None:
+        s = batch.surface.long().cpu()
+        z = logits.detach().float().cpu() * self._slope[s] + self._offset[s]
+        self._acc.update(torch.sigmoid(z), batch.labels, batch.label_mask, batch.surface)
+
+    def compute(self) -> dict[str, Any]:
+        return self._acc.compute()
 
 
 def calibrate_model(model: nn.Module, batches: Any, device: torch.device, surfaces: list[str],

@@ -15,7 +15,7 @@ import contextlib
 import json
 import re
 import warnings
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,6 +42,9 @@ from opengem.train.parallelize import build_run_model
 from opengem.train.run_dir import checkpoint_run_id
 from opengem.train.step import task_weights
 
+LogitObserver = Callable[[str, torch.Tensor, Batch], None]
+"""Called by :func:`evaluate_models` with (model name, logits [B, T], batch) for every batch it scores."""
+
 
 class EvalDataError(DatasetError):
     """The evaluation rows give nothing to measure: no rows, or no observed label in any of them."""
@@ -53,18 +56,21 @@ class RunNotFoundError(OpengemError, FileNotFoundError):
 
 @torch.no_grad()
 def evaluate_model(model: nn.Module, batches: Iterable[Batch], schema: FeatureSchema, device: torch.device,
-                   max_batches: int = 0) -> dict[str, Any]:
+                   max_batches: int = 0, on_logits: LogitObserver | None = None) -> dict[str, Any]:
     """Metrics over ``batches`` (all of them, or the first ``max_batches``); model is left in eval mode.
 
     Under several ranks each rank passes its own shard; ranks step in lockstep (a sharded model needs
     every rank in every forward) and predictions are gathered, so every rank returns the global metrics.
+    ``on_logits(name, logits, batch)`` sees each of this rank's batches with the model's logits, so a caller
+    that needs them too (a calibration fit, calibrated metrics) does not pay a second pass over the rows.
     """
-    return evaluate_models({"model": model}, batches, schema, device, max_batches)["model"]
+    return evaluate_models({"model": model}, batches, schema, device, max_batches, on_logits)["model"]
 
 
 @torch.no_grad()
 def evaluate_models(models: Mapping[str, nn.Module], batches: Iterable[Batch], schema: FeatureSchema,
-                    device: torch.device, max_batches: int = 0) -> dict[str, dict[str, Any]]:
+                    device: torch.device, max_batches: int = 0, on_logits: LogitObserver | None = None
+                    ) -> dict[str, dict[str, Any]]:
     """:func:`evaluate_model` of several models, by name, in one pass over ``batches``: each batch is read
     and decoded once and given to every model (the iso-FLOP study scores its frontier runs on the same
     whole test day; a pass per run decoded the day once per run). Each model's result is the one
@@ -86,6 +92,8 @@ def evaluate_models(models: Mapping[str, nn.Module], batches: Iterable[Batch], s
         for name, z in logits.items():
             loss_sums[name] += float(masked_bce(z, batch.labels, batch.label_mask, weights))
             accs[name].update(torch.sigmoid(z.float()), batch.labels, batch.label_mask, batch.surface)
+            if on_logits is not None:
+                on_logits(name, z, batch)
     if world_size() > 1:
         states = {name: acc.state() for name, acc in accs.items()}
         parts = gather_objects((n_batches, rows, labelled, loss_sums, states))

@@ -66,7 +66,7 @@ from opengem.train.data import data_location, make_loader, prepare_data
 from opengem.train.early_stop import EarlyStopper
 from opengem.train.early_stop import score as early_stop_score
 from opengem.train.env import cpu_threads, resolve_device
-from opengem.train.evaluate import BEST, EvalDataError, Validator, evaluate_model
+from opengem.train.evaluate import BEST, EvalDataError, LogitObserver, Validator, evaluate_model
 from opengem.train.optim import EmbeddingL2, build_optimizers
 from opengem.train.parallelize import build_run_model
 from opengem.train.pipeline import PositionedBatches, SparseDistPipeline
@@ -350,14 +350,16 @@ class Trainer:
         finally:  # the end of the epoch, a loop that stopped early (closed) or an error
             self._pipeline.reset()  # batches read ahead are not trained; the tables get their forward back
 
-    def evaluate(self, spec: str | None = None, *, batches: Any = None, max_batches: int = 0
-                 ) -> dict[str, Any]:
-        """Metrics of the model now on ``spec`` (default ``data.eval``) or on ``batches``."""
+    def evaluate(self, spec: str | None = None, *, batches: Any = None, max_batches: int = 0,
+                 on_logits: LogitObserver | None = None) -> dict[str, Any]:
+        """Metrics of the model now on ``spec`` (default ``data.eval``) or on ``batches`` (``on_logits``: see
+        :func:`~opengem.train.evaluate.evaluate_model`)."""
         if self._pipeline is not None:
             self._pipeline.detach()  # the tables' own forward: the pipeline's returns its prefetched lookup
         if batches is None:
             batches = make_loader(self.ds, spec or self.cfg.data.eval, self.cfg.data, train=False)
-        return evaluate_model(self.model, batches, self.schema, self.device, max_batches=max_batches)
+        return evaluate_model(self.model, batches, self.schema, self.device, max_batches=max_batches,
+                              on_logits=on_logits)
 
     def train_loader(self) -> Any:
         """This epoch's loader over ``data.train``, at the saved position when resuming."""
