@@ -22,6 +22,7 @@ from opengem.bench.ablation import (
 )
 from opengem.bench.ablation_report import (
     bootstrap_draws,
+    format_ablation,
     paired_delta,
     rank_agreement,
     row_ne,
@@ -304,6 +305,46 @@ def test_calibrated_study_reuses_its_runs_and_scores_test_through_the_fit(tmp_pa
     assert [c["test_ne"] for c in cal["configs"]] != [c["test_ne"] for c in raw["configs"]]
     full, abl = cal["configs"]
     assert abl["delta_ne"]["tasks"]["mean"] == pytest.approx(abl["test_ne"] - full["test_ne"], abs=1e-5)
+
+
+def test_spread_study_pairs_the_rows_each_run_was_scored_on(tmp_path):
+    """eval_sample = spread: each full run's test predictions are exactly the eval_rows rows its test was
+    scored on (whole row groups spread over the day, not its first rows), so ΔNE is the difference of the
+    runs' test NE on those rows; the report says which rows."""
+    import pyarrow.parquet as pq
+
+    from opengem.data.dataset import Dataset
+    from opengem.train.data import make_loader
+
+    over = ["budget=2e8", "seeds=2", "lr_grid=[]", "bootstrap=20", "min_steps=2", "calibrate=platt",
+            "eval_rows=1024", "eval_sample=spread"]
+    cfg = load_ablation_config(SMALL, over)
+    cfg.ablations, cfg.proxies = cfg.ablations[:1], []
+    extra = ["data.sim.rows=40000", "data.sim.chunk_rows=256", "data.eval_batch_size=512"]
+    res = run_ablation(cfg, tmp_path, run_overrides=extra, log=lambda m: None)
+    assert res["test_rows"] == 1024 and res["eval_sample"] == "spread"
+    assert "(1024 rows, whole row groups spread over the day)" in format_ablation(res)
+    full, abl = res["configs"]
+    assert abl["delta_ne"]["tasks"]["mean"] == pytest.approx(abl["test_ne"] - full["test_ne"], abs=1e-5)
+    run = tmp_path / "runs" / "full-s0-b0-lrrecipe-seed0"
+    assert not (run / "predictions-test.parquet").exists()
+    pred = pq.read_table(run / "predictions-test-spread1024.parquet")
+    ds = Dataset(tmp_path / "data")
+    rc = load_config_of(run)
+    test = res["splits"]["test"]
+    spread = [b.labels for b in make_loader(ds, test, rc.data, train=False, spread_rows=1024)]
+    first = next(iter(make_loader(ds, test, rc.data, train=False))).labels
+    got = np.nan_to_num(pred.column("click_label").to_numpy(zero_copy_only=False).astype(float))
+    click = ds.schema.task_names.index("click")
+    want = np.nan_to_num(np.concatenate([y[:, click].numpy() for y in spread]))
+    np.testing.assert_array_equal(got, want)
+    assert not np.array_equal(got[:512], np.nan_to_num(first[:, click].numpy()))
+
+
+def load_config_of(run: Path):
+    from opengem.train.config import load_run_config
+
+    return load_run_config(run / "config.toml")
 
 
 def test_a_failed_worker_run_stops_the_stage(tmp_path, monkeypatch):

@@ -37,6 +37,7 @@ from typing import Any
 from opengem.bench.ablation_report import FULL, format_ablation, summarize_ablation, write_ablation_outputs
 from opengem.bench.isoflop import (
     CALIBRATE_CHOICES,
+    EVAL_SAMPLES,
     REPO,
     TRAIN_WINDOWS,
     IsoflopConfig,
@@ -90,7 +91,10 @@ class AblationConfig:
     lr_grid: list[float] = field(default_factory=lambda: [1e-3, 3e-3, 1e-2])  # [] = the recipe's lr
     metric: str = "tasks"  # the NE a run is ranked by (see IsoflopConfig.metric)
     bootstrap: int = 1000  # resamples for every interval
-    eval_rows: int = 0  # validation and test each on their first rows (whole eval batches); 0 = all rows
+    eval_rows: int = 0  # validation and test each on this many rows (eval_sample says which); 0 = all rows
+    # first | spread: the days' first eval_rows rows, or whole row groups spread evenly over each day, as the
+    # iso-FLOP study's (IsoflopConfig.eval_sample): the rate, the calibration fit and the paired test rows
+    eval_sample: str = "first"
     # none | platt | offset: each run's calibration fitted on its validation rows, as the iso-FLOP study's
     # (IsoflopConfig.calibrate), and test (metrics and the paired predictions) scored through it; the rates
     # are still chosen on the model's own validation NE
@@ -146,6 +150,8 @@ def validate_ablation(cfg: AblationConfig, where: str = "ablation") -> None:
     need(cfg.seeds >= 2, f"seeds must be >= 2: the intervals resample seeds (got {cfg.seeds})")
     need(all(lr > 0 for lr in cfg.lr_grid), f"lr_grid values must be > 0 (got {cfg.lr_grid})")
     need(cfg.workers >= 1, f"workers must be >= 1 (got {cfg.workers})")
+    need(cfg.eval_sample in EVAL_SAMPLES,
+         f"eval_sample must be {' or '.join(EVAL_SAMPLES)} (got {cfg.eval_sample!r})")
     need(cfg.calibrate in CALIBRATE_CHOICES,
          f"calibrate must be none, platt or offset (got {cfg.calibrate!r})")
     need(cfg.train_window in TRAIN_WINDOWS,
@@ -174,7 +180,8 @@ def as_isoflop(cfg: AblationConfig) -> IsoflopConfig:
     """The iso-FLOP config whose one budget and one-size families are this study's configurations."""
     return IsoflopConfig(base=cfg.base, overrides=list(cfg.overrides), budgets=[cfg.budget],
                          families=configurations(cfg), seeds=cfg.seeds, lr_grid=list(cfg.lr_grid),
-                         metric=cfg.metric, eval_rows=cfg.eval_rows, calibrate=cfg.calibrate,
+                         metric=cfg.metric, eval_rows=cfg.eval_rows, eval_sample=cfg.eval_sample,
+                         calibrate=cfg.calibrate,
                          min_steps=cfg.min_steps, max_epochs=cfg.max_epochs, train_window=cfg.train_window)
 
 
@@ -281,20 +288,23 @@ def make_plan(cfg: AblationConfig, st: Study, timed: bool) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- the study
-def write_test_predictions(run_dir: Path, st: Study) -> Path:
-    """RUN/predictions-test.parquet: every test row's probabilities and labels (the per-row bootstrap),
-    through the run's calibration where it has one (as ``opengem predict`` scores); written again when the
-    checkpoint or the calibration is newer than it."""
+def write_test_predictions(run_dir: Path, st: Study, cfg: AblationConfig) -> Path:
+    """The run's test predictions (probabilities and labels per row, for the per-row bootstrap), through the
+    run's calibration where it has one (as ``opengem predict`` scores): RUN/predictions-test.parquet holds
+    every test row (the summary reads its first ``eval_rows``), RUN/predictions-test-spread<N>.parquet
+    (``eval_sample`` = spread) exactly the ``eval_rows`` rows the run's test was scored on. Written again
+    when the checkpoint or the calibration is newer than it."""
     from opengem.train.calibration import CALIBRATION
     from opengem.train.predict import predict_run
 
-    out = run_dir / "predictions-test.parquet"
+    spread = cfg.eval_rows if cfg.eval_sample == "spread" else 0
+    out = run_dir / ("predictions-test.parquet" if not spread else f"predictions-test-spread{spread}.parquet")
     ckpt_dir = run_dir / "checkpoints"
     cal = run_dir / CALIBRATION
     inputs = [p for p in ckpt_dir.rglob("*") if p.is_file()] + [cal] * cal.exists()
     newest = max((p.stat().st_mtime for p in inputs), default=0.0)
     if not out.exists() or out.stat().st_mtime < newest:
-        predict_run(run_dir, out, st.data, st.test_spec, force=True)
+        predict_run(run_dir, out, st.data, st.test_spec, force=True, spread_rows=spread)
     return out
 
 
@@ -325,9 +335,9 @@ def train_job(cfg: AblationConfig, out: str | Path, data_dir: str | Path | None,
     steps = {r["name"]: r["steps"] for r in make_plan(cfg, st, timed=False)["configs"]}
     run_dir = out / "runs" / job_run_name(name, lr, seed, variant)
     rec, _ = train_and_test(_job_config(cfg, st, steps, name, lr, seed, variant), run_dir, st.test_spec,
-                            cfg.eval_rows, cfg.calibrate)
+                            cfg.eval_rows, cfg.calibrate, cfg.eval_sample)
     if variant is None:
-        write_test_predictions(run_dir, st)
+        write_test_predictions(run_dir, st, cfg)
     return rec
 
 
@@ -362,7 +372,7 @@ def run_ablation(cfg: AblationConfig, out: str | Path, data_dir: str | Path | No
         rc = _job_config(cfg, st, steps, name, lr, seed, variant)
         run_dir = out / "runs" / rname
         if cfg.workers > 1:
-            rec = finished_run(rc, run_dir, st.test_spec, cfg.eval_rows, cfg.calibrate)
+            rec = finished_run(rc, run_dir, st.test_spec, cfg.eval_rows, cfg.calibrate, cfg.eval_sample)
             now = rec is None
             if now:
                 train_in_worker_process(
@@ -370,12 +380,13 @@ def run_ablation(cfg: AblationConfig, out: str | Path, data_dir: str | Path | No
                     [str(out / "ablation.toml"), str(out), str(st.data), name,
                      "recipe" if lr is None else format(lr, "g"), str(seed), variant.name if variant else "-",
                      *st.extra], out, run_dir, "ablation")
-                rec = finished_run(rc, run_dir, st.test_spec, cfg.eval_rows, cfg.calibrate)
+                rec = finished_run(rc, run_dir, st.test_spec, cfg.eval_rows, cfg.calibrate, cfg.eval_sample)
                 if rec is None:
                     raise TrainError(f"ablation: run {rname} wrote a result for another config than the "
                                      f"study's ({run_dir / 'result.json'})")
         else:
-            rec, now = train_and_test(rc, run_dir, st.test_spec, cfg.eval_rows, cfg.calibrate)
+            rec, now = train_and_test(rc, run_dir, st.test_spec, cfg.eval_rows, cfg.calibrate,
+                                      cfg.eval_sample)
         row = {"run": rname, "config": name, "proxy": variant.name if variant else None, "lr": lr,
                "seed": seed, "embedding_d": rc.model.embedding.d, "fwd_flops": rec["flops_per_example"],
                "steps": rec["steps"], "examples": rec["examples"],
@@ -416,7 +427,7 @@ def run_ablation(cfg: AblationConfig, out: str | Path, data_dir: str | Path | No
     run_all([(name, lr, seed, v) for v in cfg.proxies for seed in range(v.seeds or cfg.seeds)
              for name in fams])
     rows = [records[n] for n in order]
-    preds = {(r["config"], r["seed"]): write_test_predictions(out / "runs" / r["run"], st)
+    preds = {(r["config"], r["seed"]): write_test_predictions(out / "runs" / r["run"], st, cfg)
              for r in rows if r["proxy"] is None and r["lr"] == lr}
     result = summarize_ablation(cfg, st, rows, lr, lr_scores, preds, plan, configurations(cfg)[0])
     result["elapsed_s"] = time.perf_counter() - t_start

@@ -143,7 +143,10 @@ def summarize_ablation(cfg: Any, st: Any, records: list[dict[str, Any]], lr: flo
     tasks = list(Dataset(st.data).schema.task_names)
     rc0 = st.run_config(fam0, 0, 1, None, 0)
     eval_batch = rc0.data.eval_batch_size or rc0.data.batch_size
-    limit = -(-cfg.eval_rows // eval_batch) * eval_batch if cfg.eval_rows else 0
+    # a whole-day predictions file is read to the first eval_rows rows in whole eval batches; a spread one
+    # holds exactly the scored rows (ablation.write_test_predictions)
+    whole_day = cfg.eval_sample == "first"
+    limit = -(-cfg.eval_rows // eval_batch) * eval_batch if cfg.eval_rows and whole_day else 0
     names = [FULL] + [a.name for a in cfg.ablations]
     seeds = list(range(cfg.seeds))
     full_runs = {(r["config"], r["seed"]): r for r in records if r["proxy"] is None and r["lr"] == lr}
@@ -208,7 +211,7 @@ def summarize_ablation(cfg: Any, st: Any, records: list[dict[str, Any]], lr: flo
     return {
         "metric": cfg.metric, "tasks": [f"all/{t}" for t in tasks], "budget": cfg.budget, "seeds": cfg.seeds,
         "splits": {"train": st.train_spec, "valid": st.valid_spec, "test": st.test_spec},
-        "test_rows": n_rows, "bootstrap": cfg.bootstrap,
+        "test_rows": n_rows, "eval_sample": cfg.eval_sample, "bootstrap": cfg.bootstrap,
         "lr": {"rule": f"grid {cfg.lr_grid} on the full model at the budget, seed 0, lowest validation NE; "
                        "reused by every configuration and proxy", "chosen": lr,
                "grid": {("recipe" if k is None else format(k, "g")): v for k, v in lr_scores.items()}},
@@ -228,9 +231,10 @@ def _f(x: Any, spec: str = "+.4f") -> str:
 def format_ablation(res: dict[str, Any]) -> str:
     """The ΔNE table (per pooled task and their mean, 95 % paired-bootstrap intervals) and the proxies."""
     keys = [*res["tasks"], "tasks"]
+    spread = ", whole row groups spread over the day" if res.get("eval_sample") == "spread" else ""
     lines = [f"ablation at {res['budget']:.3g} training FLOPs per run (rows = budget / (3 x own "
              f"FLOPs/example)), {res['seeds']} paired seeds, test day {res['splits']['test']} "
-             f"({res['test_rows']} rows); "
+             f"({res['test_rows']} rows{spread}); "
              f"lr {res['lr']['chosen']} ({res['lr']['rule']}: "
              + ", ".join(f"{k}: {_f(v, '.5f')}" for k, v in res["lr"]["grid"].items()) + ")",
              f"ΔNE = {res['delta_definition']}; [95 % paired bootstrap over seeds and test rows, "

@@ -38,10 +38,11 @@ def predictions_schema(tasks: list[str]) -> pa.Schema:
 
 
 def predict_run(run_dir: str | Path, out: str | Path, data_dir: str | Path | None = None,
-                partitions: str | None = None, device: str | None = None, force: bool = False
-                ) -> dict[str, Any]:
+                partitions: str | None = None, device: str | None = None, force: bool = False,
+                spread_rows: int = 0) -> dict[str, Any]:
     """Score every row of ``partitions`` (default: the run's ``data.eval``) and write ``out``; returns
-    what was written (rows, file, checkpoint)."""
+    what was written (rows, file, checkpoint). ``spread_rows`` > 0: only that many rows, whole row groups
+    spread evenly over the partitions (``data.loader.spread_units``; the rows a study scores a run on)."""
     out = Path(out)
     if out.suffix != ".parquet":
         raise UsageError(f"--out {out}: the predictions file must end in .parquet")
@@ -63,7 +64,7 @@ def predict_run(run_dir: str | Path, out: str | Path, data_dir: str | Path | Non
                 buf: list[pa.RecordBatch] = []
                 buffered = 0
                 r.model.eval()
-                for batch in make_loader(r.ds, spec, r.cfg.data, train=False):
+                for batch in make_loader(r.ds, spec, r.cfg.data, train=False, spread_rows=spread_rows):
                     batch = batch.to(r.device)
                     probs = torch.sigmoid(r.model(batch).logits.float()).cpu()
                     buf.append(_record_batch(batch, probs, tasks, surfaces, schema))
