@@ -130,3 +130,25 @@ def test_bad_data_dir_is_clear(tmp_path):
     cfg = load_run_config(TINY, ["train.progress=false"])
     with pytest.raises(DatasetError, match="dataset folder not found"):
         train(cfg, tmp_path / "run", tmp_path / "nope")
+
+
+def test_capped_periodic_evaluation_reads_rows_spread_over_the_day(tmp_path):
+    """train.eval_max_batches: that many eval batches' rows, whole row groups spread over the validation
+    partitions (not their first rows, a time-ordered day's first minutes)."""
+    from opengem.train.evaluate import evaluate_model
+    from opengem.train.trainer import Trainer
+
+    cfg = load_run_config(TINY, ["train.progress=false", "train.steps=2", "data.eval_batch_size=64",
+                                 "data.sim.chunk_rows=64"])
+    with Trainer(cfg, tmp_path / "run") as tr:
+        tr.fit()
+        got = tr._evaluate_or_warn(2)
+        d = tr.cfg.data
+        units = make_loader(tr.ds, d.eval, d, train=False).all_units()
+        assert len(units) > 4  # enough row groups that the first two are not a spread
+        spread = evaluate_model(tr.model, make_loader(tr.ds, d.eval, d, train=False, spread_rows=128),
+                                tr.ds.schema, tr.device)
+        first = evaluate_model(tr.model, make_loader(tr.ds, d.eval, d, train=False), tr.ds.schema,
+                               tr.device, max_batches=2)
+    assert got["rows"] == first["rows"] == 128
+    assert got["metrics"] == spread["metrics"] and got["metrics"] != first["metrics"]

@@ -67,7 +67,7 @@ class TrainConfig:
     sparse_eps: float = 1e-8
     log_every: int = 20
     eval_every: int = 0  # steps; 0 = only at the end
-    eval_max_batches: int = 0  # cap on batches per periodic evaluation; 0 = all (final eval is always all)
+    eval_max_batches: int = 0  # cap per periodic eval, rows spread over the day; 0 = all (final eval: all)
     checkpoint_every: int = 0  # steps; 0 = only the final checkpoint
     final_eval: bool = True  # evaluate on data.eval after training (-> metrics.jsonl)
     seed: int = 0

@@ -114,7 +114,7 @@ def evaluate_models(models: Mapping[str, nn.Module], batches: Iterable[Batch], s
 
 class Validator:
     """Evaluation during training decides its own timing: every ``every`` steps (0 = only at the end),
-    on at most ``max_batches`` batches (0 = all)."""
+    on at most ``max_batches`` batches' rows (0 = all; the Trainer spreads them over the partitions)."""
 
     def __init__(self, every: int = 0, max_batches: int = 0) -> None:
         self.every, self.max_batches = every, max_batches

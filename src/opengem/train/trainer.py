@@ -387,9 +387,18 @@ class Trainer:
     # ----------------------------------------------------------------------- the loop
     def _evaluate_or_warn(self, max_batches: int = 0) -> dict[str, Any] | None:
         """Evaluation during training; an eval set with nothing to evaluate is a warning, printed and
-        recorded (metrics.jsonl, train_summary.json), not the end of a run whose training went well."""
+        recorded (metrics.jsonl, train_summary.json), not the end of a run whose training went well.
+
+        ``max_batches`` > 0 (``train.eval_max_batches``): that many eval batches' rows per rank, taken as
+        whole row groups spread evenly over the partitions (``data.loader.spread_units``), not their first
+        rows: a day's file is in time order, and its first rows are its first minutes, not the day's mix
+        (session 46 found a study's choices made on them)."""
         try:
-            return self.evaluate(max_batches=max_batches)
+            if not max_batches:
+                return self.evaluate()
+            d = self.cfg.data
+            rows = max_batches * (d.eval_batch_size or d.batch_size) * distributed.world_size()
+            return self.evaluate(batches=make_loader(self.ds, d.eval, d, train=False, spread_rows=rows))
         except EvalDataError as e:
             msg = (f"{self.data_path}: partitions {', '.join(self.ds.select(self.cfg.data.eval))} "
                    f"(data.eval = {self.cfg.data.eval!r}): {e}")
