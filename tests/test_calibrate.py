@@ -250,7 +250,7 @@ def test_one_pass_gives_the_fit_and_the_calibrated_metrics_of_the_folded_model(t
     CalibratedMetrics scores the raw logits through a fit as the model with that fit folded in scores."""
     from opengem.train.calibrate import CalibratedMetrics, LogitCollector, collect_logits
     from opengem.train.data import make_loader
-    from opengem.train.evaluate import evaluate_model
+    from opengem.train.evaluate import evaluate_model, evaluate_models
 
     with open_run(tiny_run, calibrated=False) as r:
         schema = r.ds.schema
@@ -259,9 +259,20 @@ def test_one_pass_gives_the_fit_and_the_calibrated_metrics_of_the_folded_model(t
         kept = LogitCollector()
         valid = evaluate_model(r.model, rows(r.cfg.data.eval), schema, r.device, on_logits=kept)
         assert valid == evaluate_model(r.model, rows(r.cfg.data.eval), schema, r.device)  # watching is free
-        for got, want in zip(kept.arrays(), collect_logits(r.model, rows(r.cfg.data.eval), r.device)):
+        zs, y, m, s = kept.arrays()
+        assert list(zs) == ["model"]
+        alone = collect_logits(r.model, rows(r.cfg.data.eval), r.device)
+        for got, want in zip((zs["model"], y, m, s), alone):
             np.testing.assert_array_equal(got, want)
-        fit = fit_calibration(*kept.arrays(), surfaces, tasks, "platt", min_positives=5)
+        both = LogitCollector()  # several models score each batch: its rows are kept once
+        evaluate_models({"a": r.model, "b": r.model}, rows(r.cfg.data.eval), schema, r.device, on_logits=both)
+        zs2, y2, m2, s2 = both.arrays()
+        assert list(zs2) == ["a", "b"] and len(y2) == len(y) == len(zs2["b"])
+        np.testing.assert_array_equal(zs2["a"], zs["model"])
+        np.testing.assert_array_equal(y2, y)
+        np.testing.assert_array_equal(m2, m)
+        np.testing.assert_array_equal(s2, s)
+        fit = fit_calibration(zs["model"], y, m, s, surfaces, tasks, "platt", min_positives=5)
         assert not np.allclose(fit.slope, 1.0) and not np.allclose(fit.offset, 0.0)
         calibrated = CalibratedMetrics(fit, surfaces, tasks)
         raw = evaluate_model(r.model, rows(r.cfg.data.train), schema, r.device, on_logits=calibrated)

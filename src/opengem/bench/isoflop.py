@@ -528,8 +528,9 @@ def _fit_calibration(tr: Any, run_dir: Path, method: str, logits: Any) -> Any:
     from opengem.train.evaluate import run_checkpoint
 
     schema = tr.ds.schema
-    z, y, m, s = logits.arrays()
-    fit = fit_calibration(z, y, m, s, list(schema.surfaces), schema.task_names, method, MIN_POSITIVES)
+    zs, y, m, s = logits.arrays()
+    fit = fit_calibration(zs["model"], y, m, s, list(schema.surfaces), schema.task_names, method,
+                          MIN_POSITIVES)
     checkpoint, _best = run_checkpoint(run_dir)
     spec = tr.cfg.data.eval
     write_calibration(run_dir, fit, method, MIN_POSITIVES, checkpoint, tr.step, tr.data_path, spec,

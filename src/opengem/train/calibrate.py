@@ -181,7 +181,7 @@ def collect_logits_of(models: Mapping[str, nn.Module], batches: Any, device: tor
                       ) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray, np.ndarray]:
     """:func:`collect_logits` of several models in one pass over ``batches`` (each batch decoded once):
     (logits by model name, labels, observed mask, surface), the last three shared by every model."""
-    kept = {name: LogitCollector() for name in models}
+    kept = LogitCollector()
     for model in models.values():
         model.eval()
     with torch.no_grad():
@@ -190,35 +190,38 @@ def collect_logits_of(models: Mapping[str, nn.Module], batches: Any, device: tor
                 break
             batch = batch.to(device)
             for name, model in models.items():
-                kept[name](name, model(batch).logits, batch)
-    arrays = {name: k.arrays() for name, k in kept.items()}
-    _, y, m, s = next(iter(arrays.values()))
-    return {name: a[0] for name, a in arrays.items()}, y, m, s
+                kept(name, model(batch).logits, batch)
+    return kept.arrays()
 
 
 class LogitCollector:
-    """Keeps the logits a model gives and the rows' labels, observed mask and surface, as an ``on_logits``
-    observer of :func:`~opengem.train.evaluate.evaluate_model`: the pass that scores the validation rows
-    also gives the calibration fit its data."""
+    """Keeps the logits each model gives, by name, and the rows' labels, observed mask and surface once per
+    batch however many models score it, as an ``on_logits`` observer of
+    :func:`~opengem.train.evaluate.evaluate_models`: the pass that scores the validation rows also gives the
+    calibration fit its data."""
 
     def __init__(self) -> None:
-        self._z: list[np.ndarray] = []
+        self._z: dict[str, list[np.ndarray]] = {}
         self._y: list[np.ndarray] = []
         self._m: list[np.ndarray] = []
         self._s: list[np.ndarray] = []
+        self._batch: Any = None
 
     def __call__(self, name: str, logits: torch.Tensor, batch: Any) -> None:
-        self._z.append(logits.detach().double().cpu().numpy())
-        self._y.append(batch.labels.double().cpu().numpy())
-        self._m.append(batch.label_mask.bool().cpu().numpy())
-        self._s.append(batch.surface.cpu().numpy())
+        self._z.setdefault(name, []).append(logits.detach().double().cpu().numpy())
+        if batch is not self._batch:  # the first model to score this batch: keep its rows
+            self._batch = batch
+            self._y.append(batch.labels.double().cpu().numpy())
+            self._m.append(batch.label_mask.bool().cpu().numpy())
+            self._s.append(batch.surface.cpu().numpy())
 
-    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(logits [N, T], labels [N, T] with 0 where unobserved, observed mask [N, T], surface [N])."""
+    def arrays(self) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray, np.ndarray]:
+        """(logits [N, T] by model name, labels [N, T] with 0 where unobserved, observed mask [N, T],
+        surface [N])."""
         if not self._y:
             raise CalibrationError("no rows to calibrate on")
-        return (np.concatenate(self._z), np.nan_to_num(np.concatenate(self._y)), np.concatenate(self._m),
-                np.concatenate(self._s))
+        return ({name: np.concatenate(z) for name, z in self._z.items()},
+                np.nan_to_num(np.concatenate(self._y)), np.concatenate(self._m), np.concatenate(self._s))
 
 
 class CalibratedMetrics:
