@@ -13,6 +13,7 @@ from opengem.bench.ablation import (
     FULL,
     AblationConfig,
     ProxyVariant,
+    choose_rate,
     configurations,
     load_ablation_config,
     narrowed_d,
@@ -204,9 +205,40 @@ def test_config_roundtrip_and_refusals(tmp_path):
     assert load_config(AblationConfig, tmp_path / "a.toml") == cfg
     for bad, what in ((["seeds=1"], "seeds"), (["budget=0"], "budget"),
                       (['ablations=[{name = "full", overrides = ["x=1"]}]'], "unique"),
-                      (['proxies=[{name = "p"}]'], "not cheaper")):
+                      (['proxies=[{name = "p"}]'], "not cheaper"), (["lr_extend=-1"], "lr_extend")):
         with pytest.raises(ConfigError, match=what):
             load_ablation_config(SMALL, bad)
+
+
+def test_rate_walks_past_the_grid_edge_until_bracketed():
+    """The grid trains as one batch; while its best is an edge, one rate beyond it at a time, at most
+    ``extend``; a bracketed best, extend 0 or the recipe's rate add nothing."""
+    def scorer(ne_of):
+        calls = []
+
+        def score(lrs):
+            calls.append(list(lrs))
+            return [ne_of(lr) for lr in lrs]
+        return score, calls
+
+    grid = [1e-3, 3e-3, 1e-2]
+    valley = {1e-3: 0.80, 3e-3: 0.79, 1e-2: 0.78, 3e-2: 0.775, 1e-1: 0.99}.__getitem__
+    score, calls = scorer(valley)
+    lr, scores = choose_rate(grid, 2, score)
+    assert lr == 3e-2 and calls == [grid, [3e-2], [1e-1]] and list(scores) == [*grid, 3e-2, 1e-1]
+    score, calls = scorer(valley)
+    assert choose_rate(grid, 1, score)[0] == 3e-2 and calls == [grid, [3e-2]]  # the cap, though unbracketed
+    score, calls = scorer(valley)
+    assert choose_rate(grid, 0, score) == (1e-2, dict(zip(grid, [0.80, 0.79, 0.78]))) and calls == [grid]
+    score, calls = scorer({1e-3: 0.79, 3e-3: 0.78, 1e-2: 0.80}.__getitem__)
+    assert choose_rate(grid, 2, score)[0] == 3e-3 and calls == [grid]  # bracketed: nothing more
+    score, calls = scorer({3e-4: 0.77, 1e-3: 0.78, 3e-3: 0.79, 1e-2: 0.80, 1e-4: 0.9}.__getitem__)
+    lr, scores = choose_rate(grid, 2, score)
+    assert lr == 3e-4 and calls == [grid, [3e-4], [1e-4]] and list(scores) == [1e-4, 3e-4, *grid]
+    score, calls = scorer(lambda lr: 0.8)
+    assert choose_rate([], 2, score) == (None, {None: 0.8}) and calls == [[None]]
+    score, calls = scorer({1e-3: 0.80, 3e-3: 0.79, 1e-2: float("nan")}.__getitem__)
+    assert choose_rate(grid, 2, score)[0] == 3e-3 and calls == [grid]  # a diverged edge is not the best
 
 
 def test_cli_refuses_a_bad_study_on_one_line(capsys):

@@ -8,7 +8,8 @@ Each configuration runs with the same seeds, and a seed fixes both the initialis
 the training rows (the loader shuffles with ``train.seed``), so seed s of an ablation and seed s of the
 full model read the same rows in the same order, the cheaper one further into the stream: their NE
 difference is paired. The learning rate is chosen once, on the full model, by validation NE at the budget
-(seed 0, ``lr_grid``), and reused by every configuration: the iso-FLOP rule (validation, never test).
+(seed 0, ``lr_grid``; with ``lr_extend``, walked past the grid's edge while the best rate sits on it), and
+reused by every configuration: the iso-FLOP rule (validation, never test).
 
 The proxy: each ``[[proxies]]`` variant reruns every configuration cheaper (a fraction of its rows, and/or
 ``embedding.d`` divided down) and bench/ablation_report.py measures how well its ranking of the
@@ -48,6 +49,7 @@ from opengem.bench.isoflop import (
     run_name,
     train_and_test,
 )
+from opengem.bench.isoflop_rule import nan_last, next_rate
 from opengem.bench.size_ladder import FamilySweep, selection_ne
 from opengem.bench.worker_process import train_in_worker_process
 from opengem.config import ConfigError, load_config, save_config
@@ -89,6 +91,9 @@ class AblationConfig:
     budget: float = 1.2e9  # training FLOPs of every full-budget run (3 x forward FLOPs/example x rows)
     seeds: int = 5  # paired seeds 0 .. seeds-1 for every configuration
     lr_grid: list[float] = field(default_factory=lambda: [1e-3, 3e-3, 1e-2])  # [] = the recipe's lr
+    # while the best rate is the grid's top or bottom, try up to this many more beyond it, one at a time
+    # (IsoflopConfig.lr_extend): an edge choice is not a tuned rate
+    lr_extend: int = 0
     metric: str = "tasks"  # the NE a run is ranked by (see IsoflopConfig.metric)
     bootstrap: int = 1000  # resamples for every interval
     eval_rows: int = 0  # validation and test each on this many rows (eval_sample says which); 0 = all rows
@@ -149,6 +154,7 @@ def validate_ablation(cfg: AblationConfig, where: str = "ablation") -> None:
     need(cfg.budget > 0, f"budget must be > 0 (got {cfg.budget})")
     need(cfg.seeds >= 2, f"seeds must be >= 2: the intervals resample seeds (got {cfg.seeds})")
     need(all(lr > 0 for lr in cfg.lr_grid), f"lr_grid values must be > 0 (got {cfg.lr_grid})")
+    need(cfg.lr_extend >= 0, f"lr_extend must be >= 0 (got {cfg.lr_extend})")
     need(cfg.workers >= 1, f"workers must be >= 1 (got {cfg.workers})")
     need(cfg.eval_sample in EVAL_SAMPLES,
          f"eval_sample must be {' or '.join(EVAL_SAMPLES)} (got {cfg.eval_sample!r})")
@@ -208,7 +214,9 @@ def run_config(st: Study, fam: FamilySweep, steps: int, lr: float | None, seed: 
 def plan_text(plan: dict[str, Any]) -> str:
     """Rows, steps and (when timed) estimated seconds per configuration and proxy, and the study's total."""
     lines = [f"budget {plan['budget']:.3g} training FLOPs per full run; {plan['train_rows']} training rows, "
-             f"batch {plan['batch_size']}; {plan['seeds']} paired seeds; lr grid {plan['lr_grid']}"]
+             f"batch {plan['batch_size']}; {plan['seeds']} paired seeds; lr grid {plan['lr_grid']}"
+             + (f" (up to {plan['lr_extend']} more beyond its edge, not counted below)"
+                if plan.get("lr_extend") else "")]
     lines.append(f"{'config':<14}{'MFLOP/ex':>9}{'FLOPs vs full':>14}{'steps':>7}{'rows':>8}{'epochs':>7}"
                  f"{'ex/s':>8}{'est s/run':>10}")
     for r in plan["configs"]:
@@ -253,7 +261,8 @@ def make_plan(cfg: AblationConfig, st: Study, timed: bool) -> dict[str, Any]:
              "train_flops": p.train_flops, "epochs": p.epochs} for p in grid]
     full_runs = len(fams) * cfg.seeds + max(len(cfg.lr_grid) - 1, 0)
     plan: dict[str, Any] = {"budget": cfg.budget, "train_rows": st.train_rows, "batch_size": batch[FULL],
-                            "seeds": cfg.seeds, "lr_grid": list(cfg.lr_grid), "full_fwd": st.fwd[FULL][0],
+                            "seeds": cfg.seeds, "lr_grid": list(cfg.lr_grid), "lr_extend": cfg.lr_extend,
+                            "full_fwd": st.fwd[FULL][0],
                             "configs": rows, "proxies": [], "runs": full_runs}
     timed = timed and cfg.plan_steps > 0
     speed: dict[tuple[str, int], tuple[float, float]] = {}
@@ -341,6 +350,24 @@ def train_job(cfg: AblationConfig, out: str | Path, data_dir: str | Path | None,
     return rec
 
 
+def choose_rate(grid: list[float], extend: int, score: Callable[[list[float | None]], list[float]]
+                ) -> tuple[float | None, dict[float | None, float]]:
+    """(the rate with the lowest validation NE, every rate tried -> its NE, ascending). ``score`` trains the
+    rates it is given and returns their NE; the grid goes in as one batch, then, while the best is the edge of
+    the rates tried, one rate beyond it at a time (``extend`` at most; ``isoflop_rule.next_rate``'s step). An
+    empty grid is the recipe's rate (None)."""
+    rates: list[float | None] = list(grid) or [None]
+    scores: dict[float | None, float] = dict(zip(rates, score(rates)))
+    for _ in range(extend if grid else 0):
+        tried = sorted(r for r in scores if r is not None)
+        nxt = next_rate(tried, {r: scores[r] for r in tried})
+        if nxt is None or nxt in scores:
+            break
+        scores[nxt] = score([nxt])[0]
+    ordered = dict(sorted(scores.items(), key=lambda kv: 0.0 if kv[0] is None else kv[0]))
+    return min(ordered, key=lambda r: nan_last(ordered[r])), ordered
+
+
 def run_ablation(cfg: AblationConfig, out: str | Path, data_dir: str | Path | None = None,
                  run_overrides: list[str] | None = None, log: Callable[[str], None] | None = None,
                  plan_only: bool = False, time_plan: bool = True) -> dict[str, Any]:
@@ -418,9 +445,10 @@ def run_ablation(cfg: AblationConfig, out: str | Path, data_dir: str | Path | No
                 raise
 
     # 1. the learning rate: the full model at the budget, seed 0, lowest validation NE
-    grid: list[float | None] = list(cfg.lr_grid) or [None]
-    lr_scores = {lr: row["valid_ne"] for lr, row in zip(grid, run_all([(FULL, lr, 0, None) for lr in grid]))}
-    lr = min(grid, key=lambda x: lr_scores[x] if lr_scores[x] == lr_scores[x] else float("inf"))
+    def grid_ne(lrs: list[float | None]) -> list[float]:
+        return [row["valid_ne"] for row in run_all([(FULL, r, 0, None) for r in lrs])]
+
+    lr, lr_scores = choose_rate(cfg.lr_grid, cfg.lr_extend, grid_ne)
     # 2. every configuration x seed at the budget (seed-major: a stopped one-worker study has whole seeds)
     run_all([(name, lr, seed, None) for seed in range(cfg.seeds) for name in fams])
     # 3. the proxies
