@@ -216,7 +216,7 @@ def plan_text(plan: dict[str, Any]) -> str:
     lines = [f"budget {plan['budget']:.3g} training FLOPs per full run; {plan['train_rows']} training rows, "
              f"batch {plan['batch_size']}; {plan['seeds']} paired seeds; lr grid {plan['lr_grid']}"
              + (f" (up to {plan['lr_extend']} more beyond its edge, not counted below)"
-                if plan.get("lr_extend") else "")]
+                if plan["lr_extend"] else "")]
     lines.append(f"{'config':<14}{'MFLOP/ex':>9}{'FLOPs vs full':>14}{'steps':>7}{'rows':>8}{'epochs':>7}"
                  f"{'ex/s':>8}{'est s/run':>10}")
     for r in plan["configs"]:

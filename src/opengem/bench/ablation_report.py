@@ -214,7 +214,7 @@ def summarize_ablation(cfg: Any, st: Any, records: list[dict[str, Any]], lr: flo
         "test_rows": n_rows, "eval_sample": cfg.eval_sample, "bootstrap": cfg.bootstrap,
         "lr": {"rule": f"grid {cfg.lr_grid} on the full model at the budget, seed 0, lowest validation NE; "
                        + (f"while the best is the grid's edge, up to {cfg.lr_extend} rates beyond it, one "
-                          "at a time; " if getattr(cfg, "lr_extend", 0) else "")
+                          "at a time; " if cfg.lr_extend else "")
                        + "reused by every configuration and proxy", "chosen": lr,
                "grid": {("recipe" if k is None else format(k, "g")): v for k, v in lr_scores.items()}},
         "delta_definition": "NE(configuration) - NE(full); > 0: the full model's component pays",
