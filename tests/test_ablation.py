@@ -24,6 +24,7 @@ from opengem.bench.ablation import (
 from opengem.bench.ablation_report import (
     bootstrap_draws,
     format_ablation,
+    one_seed_agreement,
     paired_delta,
     rank_agreement,
     row_ne,
@@ -182,6 +183,24 @@ def test_spearman_rank_agreement():
     assert split_half(noisy) == pytest.approx(-1)
     wide = rank_agreement(noisy, swapped, 300, rng)
     assert wide["ci95"][1] - wide["ci95"][0] > 0.5  # seed noise widens the interval
+
+
+def test_one_seed_proxy_ranks_each_seed_against_the_others():
+    rng = np.random.default_rng(0)
+    # every seed ranks the five configurations alike: rho 1 whichever seed is held out, and in every resample
+    same = {f"c{i}": [float(i), float(i) + 0.5, float(i) - 0.5] for i in range(1, 6)}
+    got = one_seed_agreement(same, 200, rng)
+    assert got["rho"] == pytest.approx(1) and got["ci95"][0] == pytest.approx(1)
+    assert got["compute_fraction"] == pytest.approx(1 / 3) and got["reaches_target"] and got["seeds"] == 1
+    # seed 2 reverses the order of seeds 0 and 1: held out, it gets -1 against their mean; seed 0 held out
+    # gets the mean of seed 1 (same order) and seed 2 (reversed), a tie of every configuration: NaN, skipped
+    mixed = {f"c{i}": [float(i), float(i), float(6 - i)] for i in range(1, 6)}
+    assert one_seed_agreement(mixed, 10, rng)["rho"] == pytest.approx(-1)
+    # held-out seed s is compared with the other seeds only: two seeds that disagree give -1, not a blend
+    two = {f"c{i}": [float(i), float(6 - i)] for i in range(1, 6)}
+    assert one_seed_agreement(two, 10, rng)["rho"] == pytest.approx(-1)
+    one = one_seed_agreement({f"c{i}": [float(i)] for i in range(1, 6)}, 10, rng)
+    assert one["rho"] != one["rho"] and not one["reaches_target"]  # one seed: nothing to hold out against
 
 
 def test_which_knob_breaks_names_the_worse_single_knob():
