@@ -69,6 +69,20 @@ def test_proxy_arithmetic():
     assert [narrowed_d(d, v) for d in (16, 24, 8, 4)] == [8, 12, 4, 4]
 
 
+def test_a_width_proxy_that_narrows_nothing_is_refused(tmp_path):
+    """d 16 // 2 at d_multiple 16 rounds back to 16: such a proxy would train the full width while its report
+    called it narrower; it is refused before anything trains. d_multiple 8 narrows (to 8) and plans."""
+    same = '[{name = "w", d_divisor = 2, d_multiple = 16, seeds = 1}]'
+    cfg = load_ablation_config(SMALL, ["max_epochs=20", f"proxies={same}"])
+    with pytest.raises(ConfigError, match=r"proxy 'w': .*embedding.d 16 // d_divisor 2 rounds back to 16"):
+        run_ablation(cfg, tmp_path / "a", run_overrides=["data.sim.rows=4000"], plan_only=True,
+                     time_plan=False, log=lambda m: None)
+    cfg = load_ablation_config(SMALL, ["max_epochs=20", f"proxies={same.replace('16', '8')}"])
+    res = run_ablation(cfg, tmp_path / "b", run_overrides=["data.sim.rows=4000"], plan_only=True,
+                       time_plan=False, log=lambda m: None)
+    assert [p["name"] for p in res["plan"]["proxies"]] == ["w"]
+
+
 def test_seeds_pair_the_data_order_across_configurations(planned, tmp_path):
     """Seed s of every configuration (and of a proxy) reads the same training rows in the same order;
     another seed reads another order."""

@@ -276,7 +276,14 @@ def make_plan(cfg: AblationConfig, st: Study, timed: bool) -> dict[str, Any]:
             r["examples_per_s"], r["est_seconds"] = eps, setup + r["examples"] / eps
             extra_lr = max(len(cfg.lr_grid) - 1, 0) if r["name"] == FULL else 0
             total += r["est_seconds"] * (cfg.seeds + extra_lr)
+    full_d = int(st.run_config(fams[0], 0, 1, None, 0).model.embedding.d)
     for v in cfg.proxies:
+        if v.d_divisor > 1 and narrowed_d(full_d, v) == full_d:
+            # e.g. the default study's d 4 with d_multiple 4: the proxy would train the full width and its
+            # report would call it narrower (and blame or credit the width knob for what rows did)
+            raise ConfigError(f"proxy {v.name!r}: the full model's embedding.d {full_d} // d_divisor "
+                              f"{v.d_divisor} rounds back to {full_d} at d_multiple {v.d_multiple}: the "
+                              "width knob changes nothing (lower d_multiple, or drop d_divisor)")
         seeds = v.seeds or cfg.seeds
         entry: dict[str, Any] = {**asdict(v), "seeds": seeds, "runs": len(fams) * seeds}
         if timed:
