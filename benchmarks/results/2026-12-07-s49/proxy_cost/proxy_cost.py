@@ -1,8 +1,9 @@
 """Proxies at equal cost (issue 14, item 3): one full-rows seed against rows-cut proxies, each scored
 against the same held-out full seeds.
 
-Usage: python proxy_cost.py ABLATION_RUNS_CSV ROWS2_RUNS_CSV -- session 48's ablation/ and proxy2/ folders'
-ablation_runs.csv: full runs + the rows x 0.25 proxy, and the rows x 0.5 proxy beside the same full runs.
+Usage: python proxy_cost.py ABLATION_RUNS_CSV ROWS2_RUNS_CSV NARROW_RUNS_CSV -- the ablation_runs.csv of
+session 48's ablation/ (full runs + the rows x 0.25 proxy) and proxy2/ (rows x 0.5), and of session 49's
+narrow/ (d / 2).
 """
 
 import csv
@@ -27,6 +28,7 @@ def load(path: str, proxy: str) -> dict[str, dict[int, float]]:
 full = load(sys.argv[1], "")
 rows4 = load(sys.argv[1], "rows4")
 rows2 = load(sys.argv[2], "rows2")
+narrow = load(sys.argv[3], "narrow2")
 names = sorted(full)
 seeds = sorted(next(iter(full.values())))
 rng = np.random.default_rng(0)
@@ -56,6 +58,9 @@ cases = [
     ("full rows, 1 seed (vs the other 4)", 0.2, [((full, [s]), others(s)) for s in seeds]),
     ("full rows, 2 seeds (vs the other 3)", 0.4,
      [((full, list(c)), others(*c)) for c in itertools.combinations(seeds, 2)]),
+    ("d / 2 (4 -> 2), full rows, 3 seeds", 0.6 * 0.618,
+     [((narrow, [0, 1, 2]), others(s)) for s in seeds]),
+    ("d / 2, full rows, 1 seed", 0.2 * 0.618, [((narrow, [k]), others(s)) for s in seeds for k in (0, 1, 2)]),
     ("rows x 0.5, 3 seeds", 0.3, [((rows2, [0, 1, 2]), others(s)) for s in seeds]),
     ("rows x 0.5, 1 seed", 0.1, [((rows2, [k]), others(s)) for s in seeds for k in (0, 1, 2)]),
     ("rows x 0.25, 3 seeds", 0.15, [((rows4, [0, 1, 2]), others(s)) for s in seeds]),
