@@ -114,7 +114,8 @@ def one_seed_agreement(full: dict[str, list[float]], n: int, rng: np.random.Gene
 
     A proxy that costs 1/S of the full runs and needs no run of its own; it is the yardstick a rows- or
     width-cut proxy has to beat at its cost (session 49: one seed at full rows ranked better than three
-    seeds at half the rows)."""
+    seeds at half the rows). It says as much about the set as the seed: among near-tied configurations it is
+    noise (session 49's screen: -0.27)."""
     names = list(full)
     n_seeds = min(len(v) for v in full.values()) if full else 0
     if n_seeds < 2:
