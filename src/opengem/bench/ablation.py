@@ -255,7 +255,8 @@ def make_plan(cfg: AblationConfig, st: Study, timed: bool) -> dict[str, Any]:
     """Every configuration's rows at the budget (equal training FLOPs) and the proxies' runs; with
     ``timed``, each configuration trains ``plan_steps`` steps now and the plan estimates seconds."""
     fams = configurations(cfg)
-    batch = {f.name: int(st.run_config(f, 0, 1, None, 0).data.batch_size) for f in fams}
+    base = {f.name: st.run_config(f, 0, 1, None, 0) for f in fams}  # each configuration's resolved run config
+    batch = {name: int(rc.data.batch_size) for name, rc in base.items()}
     grid = plan_grid([cfg.budget], st.fwd, batch, st.train_rows, cfg.min_steps, cfg.max_epochs)
     rows = [{"name": p.family, "fwd_flops": p.fwd_flops, "steps": p.steps, "examples": p.examples,
              "train_flops": p.train_flops, "epochs": p.epochs} for p in grid]
@@ -276,7 +277,7 @@ def make_plan(cfg: AblationConfig, st: Study, timed: bool) -> dict[str, Any]:
             r["examples_per_s"], r["est_seconds"] = eps, setup + r["examples"] / eps
             extra_lr = max(len(cfg.lr_grid) - 1, 0) if r["name"] == FULL else 0
             total += r["est_seconds"] * (cfg.seeds + extra_lr)
-    full_d = int(st.run_config(fams[0], 0, 1, None, 0).model.embedding.d)
+    full_d = int(base[FULL].model.embedding.d)
     for v in cfg.proxies:
         if v.d_divisor > 1 and narrowed_d(full_d, v) == full_d:
             # e.g. the default study's d 4 with d_multiple 4: the proxy would train the full width and its

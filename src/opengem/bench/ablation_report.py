@@ -291,8 +291,8 @@ def format_ablation(res: dict[str, Any]) -> str:
                          f"{p['train_seconds']:.0f} s training: rho {_f(p['rho'], '.2f')} "
                          f"[{_f(p['ci95'][0], '.2f')}, {_f(p['ci95'][1], '.2f')}]")
         lines.append(f"  {res['proxy_verdict']}")
-    one = res.get("one_seed_proxy")  # absent from summaries written before session 49
-    if one and one["rho"] == one["rho"]:
+    one = res["one_seed_proxy"]
+    if one["rho"] == one["rho"]:
         lines.append(f"  one seed of the full runs (compute x {one['compute_fraction']:.3f}, no runs of its "
                      f"own) against the mean of the other seeds, averaged over the held-out seed: rho "
                      f"{_f(one['rho'], '.2f')} [{_f(one['ci95'][0], '.2f')}, {_f(one['ci95'][1], '.2f')}]"
