@@ -339,7 +339,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", default=None, help="sweep or study TOML (e.g. configs/scaling-tiny.toml; "
                    "isoflop default: configs/isoflop[-<budget>].toml)")
     p.add_argument("--budget", choices=("small", "default", "large"), default="default",
-                   help="isoflop: small (minutes, CPU), default (~100-125 min, 2 cores), large (one H200)")
+                   help="isoflop: small (minutes, CPU), default (~70 min on 2 AVX-512 cores, "
+                        "~110-125 on AVX2), large (one H200)")
     p.add_argument("--families", default=None, help="isoflop: comma-separated subset, e.g. gem,dcnv2,dlrm")
     p.add_argument("--plan", action="store_true", help="isoflop: print the rows each run gets and stop")
     p.add_argument("--out", default=None, help="output folder (default: runs/scale/<config name>)")
