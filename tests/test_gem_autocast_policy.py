@@ -4,12 +4,17 @@ changes."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
+from opengem.config import ConfigError
 from opengem.model.interformer import InterFormerConfig, SequenceArch
 from opengem.model.sequence import SequenceEncoder, SequenceEncoderConfig, use_kernel
 from opengem.model.wukong import CrossLayerAttention, WukongConfig, WukongLayer
 from opengem.ops import fmb
+from opengem.ops.cpu_autocast import current_thin, thin_products
+from opengem.train.config import load_run_config
+from opengem.train.memory import apply_activation_checkpointing, autocast
 from twin_helpers import rand
 
 
@@ -70,3 +75,50 @@ def test_fused_fmb_thin_products_in_fp32_and_mlp_in_bf16_under_cpu_autocast():
     torch.testing.assert_close(product, expected, atol=0, rtol=0)
     assert not torch.equal(product, plain)  # the bf16 input was really cast (its rounding shows)
     assert mlp.dtype == torch.bfloat16  # the MLP's products use the bf16 matrix units
+
+
+def test_thin_products_bf16_leaves_the_thin_blocks_to_autocast_and_fp32_is_restored_after():
+    arch = use_kernel(SequenceArch(8, InterFormerConfig(n_cls=2, num_heads=2)), "fused")
+    s, mask = _seq(4, 6, 8)
+    x_sum = rand(4, 2, 8, seed=2)
+    x, y = rand(3, 5, 8, seed=6), rand(5, 4, seed=7)
+    fp32 = arch(x_sum, s, mask).detach()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with thin_products("bf16"):
+            assert current_thin() == "bf16"
+            out = arch(x_sum, s, mask)  # fp32 out (its residual adds the fp32 input), bf16 products inside
+            assert out.dtype == torch.float32 and not torch.equal(out.detach(), fp32)
+            assert fmb.fm_product(x, y, kernel="fused").dtype == torch.bfloat16
+        assert current_thin() == "fp32"
+        torch.testing.assert_close(arch(x_sum, s, mask).detach(), fp32, atol=0, rtol=0)  # the default again
+        with thin_products("fp32"):
+            assert fmb.fm_product(x, y, kernel="fused").dtype == torch.float32
+    with pytest.raises(ValueError, match="cpu_bf16_thin"):
+        with thin_products("fp16"):
+            pass
+
+
+def test_activation_checkpointing_recomputes_under_the_forwards_thin_choice():
+    # the recompute runs in backward, after the step's thin_products has exited: it must take the forward's
+    # path (bf16 products), or the recomputed tensors' dtypes differ from the saved ones
+    results = []
+    for ac in (False, True):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(CrossLayerAttention(8, 2))
+        cla = model[0]
+        if ac:
+            apply_activation_checkpointing(model, "layer", types=(CrossLayerAttention,))
+        x = rand(3, 5, 8, seed=3).requires_grad_(True)
+        with autocast("bf16", torch.device("cpu"), thin="bf16"):
+            out = cla(x, [x])
+        out.sum().backward()
+        results.append([x.grad.clone(), *(p.grad.clone() for p in cla.parameters())])
+    for a, b in zip(*results):
+        torch.testing.assert_close(b, a, atol=0, rtol=0)
+
+
+def test_cpu_bf16_thin_is_a_checked_train_key():
+    cfg = load_run_config("configs/tiny.toml", ["train.cpu_bf16_thin=\"bf16\""])
+    assert cfg.train.cpu_bf16_thin == "bf16"
+    with pytest.raises(ConfigError, match="train.cpu_bf16_thin"):
+        load_run_config("configs/tiny.toml", ["train.cpu_bf16_thin=\"fp16\""])

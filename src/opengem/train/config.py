@@ -21,6 +21,7 @@ SPARSE_OPTIMIZERS = ("rowwise_adagrad", "adagrad", "sgd")  # the fused optimizer
 LR_DECAYS = ("none", "cosine")
 COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")  # train.compile_backend (opengem.train.compile)
 CPU_LINEAR_CHOICES = ("auto", "pytorch", "onednn")  # train.cpu_linear (opengem.train.cpu_linear)
+CPU_BF16_THIN_CHOICES = ("fp32", "bf16")  # train.cpu_bf16_thin (opengem.ops.cpu_autocast)
 AC_MODES = ("none", "layer")  # train.activation_checkpointing (opengem.train.memory)
 PRECISIONS = ("fp32", "bf16")  # train.precision
 FP8_MODES = ("off", "e4m3", "e5m2")  # train.fp8_saved_activations
@@ -90,6 +91,10 @@ class TrainConfig:
     compile_cache_dir: str = ""  # persistent Inductor cache; "" = ~/.cache/opengem/inductor (run-independent)
     activation_checkpointing: str = "none"  # none | layer (each InterFormer/Wukong/encoder layer)
     precision: str = "fp32"  # fp32 | bf16 (autocast; weights and loss stay fp32)
+    # under CPU bf16 autocast, GEM's thin d-wide products (sequence side, FMB): fp32 (kept out of autocast:
+    # AMX hosts ran them slower in bf16) | bf16 (left to autocast: GEM-small's step 1.12x as fast on an
+    # AVX-512-bf16 host without AMX)
+    cpu_bf16_thin: str = "fp32"  # (opengem.ops.cpu_autocast)
     # fp32 nn.Linear on CPU: auto (oneDNN where a probe finds it >= 1.3x PyTorch's BLAS) | pytorch | onednn
     cpu_linear: str = "auto"  # (opengem.train.cpu_linear)
     # none | sparse_dist: TorchRec's TrainPipelineSparseDist in fit() (the next batch's device copy and pooled
@@ -130,6 +135,8 @@ class RunConfig:
         need(t.device in DEVICES, "train.device", f"must be one of {', '.join(DEVICES)}", t.device)
         need(t.sparse_optimizer in SPARSE_OPTIMIZERS, "train.sparse_optimizer",
              f"must be one of {', '.join(SPARSE_OPTIMIZERS)}", t.sparse_optimizer)
+        need(t.cpu_bf16_thin in CPU_BF16_THIN_CHOICES, "train.cpu_bf16_thin",
+             f"must be one of {', '.join(CPU_BF16_THIN_CHOICES)}", t.cpu_bf16_thin)
         need(t.cpu_linear in CPU_LINEAR_CHOICES, "train.cpu_linear",
              f"must be one of {', '.join(CPU_LINEAR_CHOICES)}", t.cpu_linear)
         need(t.pipeline in PIPELINES, "train.pipeline", f"must be one of {', '.join(PIPELINES)}", t.pipeline)

@@ -25,6 +25,7 @@ from torch.utils.checkpoint import checkpoint
 from opengem.model.interformer import InterFormerLayer
 from opengem.model.sequence import PyramidLevel, TransformerBlock
 from opengem.model.wukong import CrossLayerAttention, WukongLayer
+from opengem.ops.cpu_autocast import current_thin, thin_products
 from opengem.train.config import AC_MODES, FP8_MODES, PRECISIONS
 
 FP8_DTYPES = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
@@ -45,7 +46,10 @@ def _checkpointed_forward(module: nn.Module) -> Callable[..., Any]:
         # (InterFormer's cross-layer memory) would otherwise be longer at backward time.
         args = tuple(list(a) if isinstance(a, list) else a for a in args)
         kwargs = {k: list(v) if isinstance(v, list) else v for k, v in kwargs.items()}
-        return checkpoint(inner, *args, use_reentrant=False, **kwargs)
+        # the recompute runs in backward, outside the step's thin_products: it re-enters the forward's choice
+        thin = current_thin()
+        return checkpoint(inner, *args, use_reentrant=False,
+                          context_fn=lambda: (contextlib.nullcontext(), thin_products(thin)), **kwargs)
 
     return forward
 
@@ -76,13 +80,18 @@ def apply_activation_checkpointing(model: nn.Module, mode: str = "layer",
     return wrapped
 
 
-def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager[Any]:
-    """bf16 autocast for ``precision == "bf16"``, a no-op for fp32."""
+def autocast(precision: str, device: torch.device,
+             thin: str = "fp32") -> contextlib.AbstractContextManager[Any]:
+    """bf16 autocast for ``precision == "bf16"``, a no-op for fp32. ``thin`` (``train.cpu_bf16_thin``):
+    whether GEM's thin products join it on CPU (``opengem.ops.cpu_autocast.thin_products``)."""
     if precision not in PRECISIONS:
         raise ValueError(f"train.precision: {precision!r} is not one of {', '.join(PRECISIONS)}")
     if precision == "fp32":
         return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    stack = contextlib.ExitStack()
+    stack.enter_context(torch.autocast(device_type=device.type, dtype=torch.bfloat16))
+    stack.enter_context(thin_products(thin))
+    return stack
 
 
 # --------------------------------------------------------------------------- FP8 saved activations

@@ -31,7 +31,8 @@ def forward(model: nn.Module, batch: Batch, t: TrainConfig, device: torch.device
     """The training forward under the configured precision and saved-activation format."""
     if not all(m.training for m in model.modules()):  # reading the flags is ~4x cheaper than setting them
         model.train()
-    with autocast(t.precision, device), maybe_fp8_saved_activations(t.fp8_saved_activations, t.fp8_min_numel):
+    with (autocast(t.precision, device, t.cpu_bf16_thin),
+          maybe_fp8_saved_activations(t.fp8_saved_activations, t.fp8_min_numel)):
         return model(batch)
 
 
