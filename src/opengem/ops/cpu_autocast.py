@@ -14,7 +14,8 @@ Only CPU autocast is read: on GPU (CUDA autocast, tensor cores) nothing changes.
 That measurement was an AMX host's. On an AVX-512 host with bf16 dot products but no AMX (AMD Zen 4, session
 50) the same thin products run 1.3-2.7x faster in bf16 than in fp32, cast included ([16384, 32] x [32, 32]:
 0.18 vs 0.41 ms; bmm [512, 32, 32] x [512, 32, 32]: 0.24 vs 0.48 ms), and GEM-small's bf16 step with them left
-to autocast took 0.895x the CPU time of the step with them kept in fp32 (in-process A/B, interleaved windows).
+to autocast took 0.895x the CPU time of the step with them kept in fp32 (in-process A/B, interleaved windows;
+``opengem bench train``: 2,772 vs 2,561 examples/s, 1.08x; benchmarks/results/2026-12-07-s50/bf16_thin/).
 So the choice is the host's: ``train.cpu_bf16_thin`` (``thin_products``) says which, "fp32" by default.
 """
 

@@ -92,8 +92,8 @@ class TrainConfig:
     activation_checkpointing: str = "none"  # none | layer (each InterFormer/Wukong/encoder layer)
     precision: str = "fp32"  # fp32 | bf16 (autocast; weights and loss stay fp32)
     # under CPU bf16 autocast, GEM's thin d-wide products (sequence side, FMB): fp32 (kept out of autocast:
-    # AMX hosts ran them slower in bf16) | bf16 (left to autocast: GEM-small's step 1.12x as fast on an
-    # AVX-512-bf16 host without AMX)
+    # AMX hosts ran them slower in bf16) | bf16 (left to autocast: GEM-small's bf16 step 1.08x as fast on an
+    # AVX-512-bf16 host without AMX, 1.13x its fp32 step)
     cpu_bf16_thin: str = "fp32"  # (opengem.ops.cpu_autocast)
     # fp32 nn.Linear on CPU: auto (oneDNN where a probe finds it >= 1.3x PyTorch's BLAS) | pytorch | onednn
     cpu_linear: str = "auto"  # (opengem.train.cpu_linear)
