@@ -47,7 +47,10 @@ def _checkpointed_forward(module: nn.Module) -> Callable[..., Any]:
         args = tuple(list(a) if isinstance(a, list) else a for a in args)
         kwargs = {k: list(v) if isinstance(v, list) else v for k, v in kwargs.items()}
         # the recompute runs in backward, outside the step's thin_products: it re-enters the forward's choice
+        # (only where that is not the default, so the default path is checkpoint's plain one, compiled or not)
         thin = current_thin()
+        if thin == "fp32":
+            return checkpoint(inner, *args, use_reentrant=False, **kwargs)
         return checkpoint(inner, *args, use_reentrant=False,
                           context_fn=lambda: (contextlib.nullcontext(), thin_products(thin)), **kwargs)
 
