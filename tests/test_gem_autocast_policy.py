@@ -122,3 +122,22 @@ def test_cpu_bf16_thin_is_a_checked_train_key():
     assert cfg.train.cpu_bf16_thin == "bf16"
     with pytest.raises(ConfigError, match="train.cpu_bf16_thin"):
         load_run_config("configs/tiny.toml", ["train.cpu_bf16_thin=\"fp16\""])
+
+
+def test_compiled_activation_checkpointing_takes_the_thin_choice_too():
+    # dynamo refuses a checkpoint context_fn other than selective checkpointing's: compiled, the region is
+    # traced under the choice in force and its recompute replays the graph, so it must not pass one
+    grads = []
+    for compiled in (False, True):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(CrossLayerAttention(8, 2))
+        apply_activation_checkpointing(model, "layer", types=(CrossLayerAttention,))
+        cla = model[0]
+        run = torch.compile(cla, backend="aot_eager") if compiled else cla
+        x = rand(3, 5, 8, seed=3).requires_grad_(True)
+        with autocast("bf16", torch.device("cpu"), thin="bf16"):
+            out = run(x, [x])
+        out.sum().backward()
+        grads.append([x.grad.clone(), *(p.grad.clone() for p in cla.parameters())])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(b, a, atol=1e-2, rtol=1e-2)  # bf16 products either way

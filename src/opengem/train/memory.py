@@ -46,10 +46,12 @@ def _checkpointed_forward(module: nn.Module) -> Callable[..., Any]:
         # (InterFormer's cross-layer memory) would otherwise be longer at backward time.
         args = tuple(list(a) if isinstance(a, list) else a for a in args)
         kwargs = {k: list(v) if isinstance(v, list) else v for k, v in kwargs.items()}
-        # the recompute runs in backward, outside the step's thin_products: it re-enters the forward's choice
-        # (only where that is not the default, so the default path is checkpoint's plain one, compiled or not)
+        # eager, the recompute runs in backward, outside the step's thin_products: it re-enters the forward's
+        # choice. Compiled, the region is traced once with the choice in force (guarded on) and the recompute
+        # replays that graph; dynamo also takes no context_fn but selective checkpointing's. The default
+        # choice needs neither, so its path stays checkpoint's plain call.
         thin = current_thin()
-        if thin == "fp32":
+        if thin == "fp32" or torch.compiler.is_compiling():
             return checkpoint(inner, *args, use_reentrant=False, **kwargs)
         return checkpoint(inner, *args, use_reentrant=False,
                           context_fn=lambda: (contextlib.nullcontext(), thin_products(thin)), **kwargs)
