@@ -98,23 +98,35 @@ def test_thin_products_bf16_leaves_the_thin_blocks_to_autocast_and_fp32_is_resto
             pass
 
 
+def _cla_grads_under_thin_bf16(ac: bool, compiled: bool = False) -> list[torch.Tensor]:
+    """The input's and parameters' gradients of one cross-layer attention step under bf16 autocast with
+    ``thin="bf16"``, with activation checkpointing and torch.compile (aot_eager) on or off."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(CrossLayerAttention(8, 2))
+    if ac:
+        apply_activation_checkpointing(model, "layer", types=(CrossLayerAttention,))
+    cla = model[0]
+    run = torch.compile(cla, backend="aot_eager") if compiled else cla
+    x = rand(3, 5, 8, seed=3).requires_grad_(True)
+    with autocast("bf16", torch.device("cpu"), thin="bf16"):
+        out = run(x, [x])
+    out.sum().backward()
+    return [x.grad.clone(), *(p.grad.clone() for p in cla.parameters())]
+
+
 def test_activation_checkpointing_recomputes_under_the_forwards_thin_choice():
     # the recompute runs in backward, after the step's thin_products has exited: it must take the forward's
     # path (bf16 products), or the recomputed tensors' dtypes differ from the saved ones
-    results = []
-    for ac in (False, True):
-        torch.manual_seed(0)
-        model = torch.nn.Sequential(CrossLayerAttention(8, 2))
-        cla = model[0]
-        if ac:
-            apply_activation_checkpointing(model, "layer", types=(CrossLayerAttention,))
-        x = rand(3, 5, 8, seed=3).requires_grad_(True)
-        with autocast("bf16", torch.device("cpu"), thin="bf16"):
-            out = cla(x, [x])
-        out.sum().backward()
-        results.append([x.grad.clone(), *(p.grad.clone() for p in cla.parameters())])
-    for a, b in zip(*results):
+    for a, b in zip(_cla_grads_under_thin_bf16(ac=False), _cla_grads_under_thin_bf16(ac=True)):
         torch.testing.assert_close(b, a, atol=0, rtol=0)
+
+
+def test_compiled_activation_checkpointing_takes_the_thin_choice_too():
+    # dynamo refuses a checkpoint context_fn other than selective checkpointing's: compiled, the region is
+    # traced under the choice in force and its recompute replays the graph, so it must not pass one
+    eager, compiled = (_cla_grads_under_thin_bf16(ac=True, compiled=c) for c in (False, True))
+    for a, b in zip(eager, compiled):
+        torch.testing.assert_close(b, a, atol=1e-2, rtol=1e-2)  # bf16 products either way
 
 
 def test_cpu_bf16_thin_is_a_checked_train_key():
@@ -122,22 +134,3 @@ def test_cpu_bf16_thin_is_a_checked_train_key():
     assert cfg.train.cpu_bf16_thin == "bf16"
     with pytest.raises(ConfigError, match="train.cpu_bf16_thin"):
         load_run_config("configs/tiny.toml", ["train.cpu_bf16_thin=\"fp16\""])
-
-
-def test_compiled_activation_checkpointing_takes_the_thin_choice_too():
-    # dynamo refuses a checkpoint context_fn other than selective checkpointing's: compiled, the region is
-    # traced under the choice in force and its recompute replays the graph, so it must not pass one
-    grads = []
-    for compiled in (False, True):
-        torch.manual_seed(0)
-        model = torch.nn.Sequential(CrossLayerAttention(8, 2))
-        apply_activation_checkpointing(model, "layer", types=(CrossLayerAttention,))
-        cla = model[0]
-        run = torch.compile(cla, backend="aot_eager") if compiled else cla
-        x = rand(3, 5, 8, seed=3).requires_grad_(True)
-        with autocast("bf16", torch.device("cpu"), thin="bf16"):
-            out = run(x, [x])
-        out.sum().backward()
-        grads.append([x.grad.clone(), *(p.grad.clone() for p in cla.parameters())])
-    for a, b in zip(*grads):
-        torch.testing.assert_close(b, a, atol=1e-2, rtol=1e-2)  # bf16 products either way
