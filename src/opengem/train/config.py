@@ -14,6 +14,7 @@ from opengem.config import ConfigError, load_config
 from opengem.data.splits import spec_tokens
 from opengem.errors import DatasetError
 from opengem.model.registry import ModelConfig
+from opengem.ops.cpu_autocast import THIN_CHOICES  # train.cpu_bf16_thin
 from opengem.train.early_stop import EarlyStopConfig
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -21,7 +22,6 @@ SPARSE_OPTIMIZERS = ("rowwise_adagrad", "adagrad", "sgd")  # the fused optimizer
 LR_DECAYS = ("none", "cosine")
 COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")  # train.compile_backend (opengem.train.compile)
 CPU_LINEAR_CHOICES = ("auto", "pytorch", "onednn")  # train.cpu_linear (opengem.train.cpu_linear)
-CPU_BF16_THIN_CHOICES = ("fp32", "bf16")  # train.cpu_bf16_thin (opengem.ops.cpu_autocast)
 AC_MODES = ("none", "layer")  # train.activation_checkpointing (opengem.train.memory)
 PRECISIONS = ("fp32", "bf16")  # train.precision
 FP8_MODES = ("off", "e4m3", "e5m2")  # train.fp8_saved_activations
@@ -135,8 +135,8 @@ class RunConfig:
         need(t.device in DEVICES, "train.device", f"must be one of {', '.join(DEVICES)}", t.device)
         need(t.sparse_optimizer in SPARSE_OPTIMIZERS, "train.sparse_optimizer",
              f"must be one of {', '.join(SPARSE_OPTIMIZERS)}", t.sparse_optimizer)
-        need(t.cpu_bf16_thin in CPU_BF16_THIN_CHOICES, "train.cpu_bf16_thin",
-             f"must be one of {', '.join(CPU_BF16_THIN_CHOICES)}", t.cpu_bf16_thin)
+        need(t.cpu_bf16_thin in THIN_CHOICES, "train.cpu_bf16_thin",
+             f"must be one of {', '.join(THIN_CHOICES)}", t.cpu_bf16_thin)
         need(t.cpu_linear in CPU_LINEAR_CHOICES, "train.cpu_linear",
              f"must be one of {', '.join(CPU_LINEAR_CHOICES)}", t.cpu_linear)
         need(t.pipeline in PIPELINES, "train.pipeline", f"must be one of {', '.join(PIPELINES)}", t.pipeline)
