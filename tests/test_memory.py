@@ -21,6 +21,7 @@ from opengem.train.memory import (
     fp8_pack,
     fp8_saved_activations,
     fp8_unpack,
+    slow_bf16_warning,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -133,6 +134,37 @@ def test_config_rejects_bad_values():
                      ("train.activation_checkpointing", '"full"'), ("train.compile_backend", '"tvm"')]:
         with pytest.raises(ConfigError, match=key):
             load_run_config(TINY, [f"{key}={val}"])
+
+
+@pytest.mark.parametrize("avx512_bf16, amx, warned", [(False, False, True), (True, False, False),
+                                                       (False, True, False)])
+def test_bf16_warning_only_without_bf16_matrix_units(monkeypatch, avx512_bf16, amx, warned):
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    cpu = torch.device("cpu")
+    msg = slow_bf16_warning("bf16", cpu)
+    assert (msg is not None) == warned
+    if warned:
+        assert "train.precision" in msg and "AVX-512-BF16" in msg and "AMX" in msg
+    assert slow_bf16_warning("fp32", cpu) is None  # an fp32 run is never told about bf16
+
+
+def test_bf16_warning_keeps_quiet_when_torch_cannot_say(monkeypatch):
+    """The probes are private torch API: without them the answer is unknown, and unknown is no warning."""
+    monkeypatch.delattr(torch.cpu, "_is_amx_tile_supported")
+    assert slow_bf16_warning("bf16", torch.device("cpu")) is None
+
+
+def test_bf16_run_on_a_cpu_without_bf16_units_records_the_warning(tmp_path, monkeypatch, capsys):
+    from opengem.train.trainer import train
+
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    cfg = load_run_config(TINY, ["train.progress=false", "train.steps=1", "train.final_eval=false",
+                                 'train.precision="bf16"', "data.sim.rows=1200"])
+    s = train(cfg, tmp_path)
+    assert any("AVX-512-BF16" in w for w in s["warnings"])
+    assert "opengem train: warning: train.precision" in capsys.readouterr().err
 
 
 @pytest.mark.slow

@@ -67,6 +67,7 @@ from opengem.train.early_stop import EarlyStopper
 from opengem.train.early_stop import score as early_stop_score
 from opengem.train.env import cpu_threads, resolve_device
 from opengem.train.evaluate import BEST, EvalDataError, LogitObserver, Validator, evaluate_model
+from opengem.train.memory import slow_bf16_warning
 from opengem.train.optim import EmbeddingL2, build_optimizers
 from opengem.train.parallelize import build_run_model
 from opengem.train.pipeline import PositionedBatches, SparseDistPipeline
@@ -166,6 +167,11 @@ class Trainer:
         if t.init_output_bias and plain is None:  # a caller's own plain model keeps the init it was given
             with timer.phase("output_bias_init"):
                 plain = self._model_with_prior_bias()
+        slow_bf16 = slow_bf16_warning(t.precision, self.device)
+        if slow_bf16 is not None:
+            self.warnings.append(slow_bf16)
+            if self.is_main:
+                print(f"opengem train: warning: {slow_bf16}", file=sys.stderr)
         # train.cpu_linear = auto: decided once for the run, kept across --resume; the model gets the kernel
         kernel = run_cpu_linear(t.cpu_linear, self.device, self.run_dir, resume)
         model_cfg = replace(cfg, train=replace(t, cpu_linear=kernel)) if kernel != t.cpu_linear else cfg
