@@ -149,6 +149,16 @@ def test_bf16_warning_only_without_bf16_matrix_units(monkeypatch, avx512_bf16, a
     assert slow_bf16_warning("fp32", cpu) is None  # an fp32 run is never told about bf16
 
 
+def test_bf16_warning_on_a_gpu_without_native_bf16(monkeypatch):
+    """torch's own check decides on CUDA (no device needed: the check is all the warning reads)."""
+    for native in (False, True):
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True, n=native: n)
+        msg = slow_bf16_warning("bf16", torch.device("cuda"))
+        assert (msg is None) == native
+        if msg is not None:
+            assert "cuda device has no native bf16" in msg and "session 51" not in msg
+
+
 def test_bf16_warning_keeps_quiet_when_torch_cannot_say(monkeypatch):
     """The probes are private torch API: without them the answer is unknown, and unknown is no warning."""
     monkeypatch.delattr(torch.cpu, "_is_amx_tile_supported")
