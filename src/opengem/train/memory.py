@@ -122,12 +122,12 @@ def slow_bf16_warning(precision: str, device: torch.device) -> str | None:
     if precision != "bf16" or bf16_matmul_support(device) is not False:
         return None
     if device.type == "cpu":
-        what = ("CPU has neither AVX-512-BF16 nor AMX",
-                " (session 51, such a CPU: DCNv2 0.47x, GEM-small 0.9x its fp32 examples/s)")
+        lacks = "CPU has neither AVX-512-BF16 nor AMX"
+        measured = " (session 51, such a CPU: DCNv2 0.47x, GEM-small 0.9x its fp32 examples/s)"
     else:
-        what = (f"{device.type} device has no native bf16", "")
-    return (f"train.precision = \"bf16\" but this {what[0]}: bf16 matmuls are emulated and run slower than "
-            f"fp32{what[1]}; train.precision = \"fp32\" is faster here")
+        lacks, measured = f"{device.type} device has no native bf16", ""
+    return (f"train.precision = \"bf16\" but this {lacks}: bf16 matmuls are emulated and run slower than "
+            f"fp32{measured}; train.precision = \"fp32\" is faster here")
 
 
 # --------------------------------------------------------------------------- FP8 saved activations

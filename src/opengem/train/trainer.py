@@ -169,9 +169,7 @@ class Trainer:
                 plain = self._model_with_prior_bias()
         slow_bf16 = slow_bf16_warning(t.precision, self.device)
         if slow_bf16 is not None:
-            self.warnings.append(slow_bf16)
-            if self.is_main:
-                print(f"opengem train: warning: {slow_bf16}", file=sys.stderr)
+            self._warn(slow_bf16)
         # train.cpu_linear = auto: decided once for the run, kept across --resume; the model gets the kernel
         kernel = run_cpu_linear(t.cpu_linear, self.device, self.run_dir, resume)
         model_cfg = replace(cfg, train=replace(t, cpu_linear=kernel)) if kernel != t.cpu_linear else cfg
@@ -226,6 +224,12 @@ class Trainer:
                               f"({train_spec!r}) both select {', '.join(shared)}; choose disjoint partitions "
                               "(e.g. \"@valid\")")
 
+    def _warn(self, msg: str) -> None:
+        """Record a warning for train_summary.json and print it once (the main rank)."""
+        self.warnings.append(msg)
+        if self.is_main:
+            print(f"opengem train: warning: {msg}", file=sys.stderr)
+
     def _model_with_prior_bias(self) -> nn.Module:
         """The plain model exactly as build_run_model would build it, its output biases at the logits of
         the train partitions' base rates (recorded in ``self.base_rates``)."""
@@ -235,9 +239,7 @@ class Trainer:
         if unreadable:
             msg = (f"output biases start from the base rates of the readable files only; skipped "
                    f"{len(unreadable)}: {unreadable[0]}" + (" ..." if len(unreadable) > 1 else ""))
-            self.warnings.append(msg)
-            if self.is_main:
-                print(f"opengem train: warning: {msg}", file=sys.stderr)
+            self._warn(msg)
         for head in (m for m in plain.modules() if isinstance(m, MultiSurfaceHead)):
             head.init_output_bias(rates)
         self.base_rates = [[None if r != r else r for r in row] for row in rates.tolist()]
@@ -409,10 +411,8 @@ class Trainer:
             msg = (f"{self.data_path}: partitions {', '.join(self.ds.select(self.cfg.data.eval))} "
                    f"(data.eval = {self.cfg.data.eval!r}): {e}")
             if msg not in self.warnings:
-                self.warnings.append(msg)
+                self._warn(msg)
                 self.log.write({"kind": "warning", "step": self.step, "message": msg}, self.step)
-                if self.is_main:
-                    print(f"opengem train: warning: {msg}", file=sys.stderr)
             return None
 
     def _log_window(self, window_t: float) -> float:
