@@ -168,10 +168,17 @@ def test_positional_after_options_in_convert(monkeypatch) -> None:
 
 def test_overrides_given_to_a_command_without_them_say_where_they_go(capsys) -> None:
     with pytest.raises(SystemExit) as e:
-        main(["evaluate", "--run", "R", "train.steps=3"])
+        main(["validate", "--data", "D", "train.steps=3"])
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert "unrecognized arguments: train.steps=3" in err and "they go to opengem train" in err
+    for argv in (["evaluate", "--run", "R", "train.steps=3"], ["predict", "train.steps=3", "--out", "o"]):
+        with pytest.raises(SystemExit) as e:  # the run's positional does not take the override for a run
+            main(argv)
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert "train.steps=3 is a section.key=value override, not a run" in err
+        assert "they go to opengem train" in err
 
 
 def test_usage_errors_still_exit_2_through_argparse(capsys) -> None:

@@ -383,6 +383,49 @@ def test_uint64_ids_stay_categorical_and_warn(tmp_path: Path, capsys) -> None:
     assert "id: no value occurs 2+ times in train" in capsys.readouterr().err
 
 
+def _price_csv(path: Path, n: int, odd: dict[int, str], header: bool = True) -> None:
+    """user,price,y rows; ``odd`` puts a cell in the price column of those data rows (0-based)."""
+    rows = [f"u{i % 7},{odd.get(i, f'{(i % 13) / 4:.2f}')},{i % 2}" for i in range(n)]
+    path.write_text("\n".join((["user,price,y"] if header else []) + rows) + "\n")
+
+
+def test_a_mostly_numeric_text_column_is_inferred_categorical_with_a_warning(tmp_path: Path, capsys) -> None:
+    """One 'unknown' among 300 prices makes the column text: inference files it sparse and says why, naming
+    the cell; an integer id column with a stray word (an id, however written) and a text column do not."""
+    _price_csv(tmp_path / "p.csv", 300, {41: "unknown"})
+    assert convert("--src", str(tmp_path / "p.csv"), "--label", "y", "--infer-schema",
+                   "--out", str(tmp_path / "o")) == 0
+    err = capsys.readouterr().err
+    assert "price: 299 of 300 sampled values are numbers, but not 'unknown'" in err and "under dense" in err
+    assert [s.name for s in load_spec(tmp_path / "o.import.toml").sparse] == ["user", "price"]
+    lines = ["id,word,y"] + [f"{i if i != 5 else 'x'},{'abc'[i % 3]},{i % 2}" for i in range(100)]
+    (tmp_path / "i.csv").write_text("\n".join(lines) + "\n")
+    assert convert("--src", str(tmp_path / "i.csv"), "--label", "y", "--infer-schema",
+                   "--out", str(tmp_path / "i")) == 0
+    assert "sampled values are numbers" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("block_bytes", [None, 1 << 10])  # the bad cell in the first block / a later one
+@pytest.mark.parametrize("header", [True, False])
+def test_a_dense_cell_that_is_not_a_number_names_its_line_and_column(tmp_path: Path, capsys, monkeypatch,
+                                                                    block_bytes, header) -> None:
+    if block_bytes:
+        monkeypatch.setattr("opengem.data.adapters.sources.BLOCK_BYTES", block_bytes)
+    _price_csv(tmp_path / "p.csv", 400, {300: "abc"}, header=header)
+    spec = tmp_path / "s.toml"
+    spec.write_text('name = "p"\nlabels = ["y"]\n[[sparse]]\nname = "user"\n[[dense]]\nname = "price"\n')
+    names = [] if header else ["--columns", "user,price,y"]
+    rc = convert("--src", str(tmp_path / "p.csv"), *names, "--schema", str(spec),
+                 "--out", str(tmp_path / "o"))
+    err = capsys.readouterr().err.strip()
+    line = 302 if header else 301
+    assert rc == 1 and err == (f"opengem convert: error: {tmp_path / 'p.csv'}: line {line}, column 'price': "
+                               "'abc' is not a number (the column is read as double: fix or blank the cell, "
+                               "or read the column another way in the import spec)")
+    assert (tmp_path / "p.csv").read_text().splitlines()[line - 1] == "u6,abc,0"
+    assert not (tmp_path / "o").exists()
+
+
 # --------------------------------------------------------------------------- derived labels
 def test_label_grammar() -> None:
     assert parse_label("click") == LabelRule("click", "click")

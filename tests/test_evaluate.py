@@ -66,6 +66,23 @@ def test_cli(run_dir, capsys):
     assert "feed/click" in capsys.readouterr().out
 
 
+def test_cli_takes_the_run_as_a_positional_too(run_dir, tmp_path, capsys):
+    """As ``opengem export RUN`` does; runs given both ways are compared side by side."""
+    from opengem.cli import main
+
+    other = tmp_path / "other"
+    other.symlink_to(run_dir, target_is_directory=True)
+    assert main(["evaluate", str(run_dir), "--run", str(other), "--partitions", "@last"]) == 0
+    header = capsys.readouterr().out.splitlines()[0]
+    assert f"{run_dir.name} NE" in header and "other NE" in header
+    assert main(["predict", str(run_dir), "--out", str(tmp_path / "p.parquet"), "--partitions", "@last"]) == 0
+    assert (tmp_path / "p.parquet").is_file()
+    assert main(["evaluate"]) == 2
+    assert capsys.readouterr().err.strip() == "opengem evaluate: error: give a run: RUN or --run RUN"
+    assert main(["predict", str(run_dir), "--run", str(run_dir), "--out", str(tmp_path / "q.parquet")]) == 2
+    assert capsys.readouterr().err.strip() == "opengem predict: error: give the run once, as RUN or --run RUN"
+
+
 def test_train_cli_with_data_and_overrides(run_dir, tmp_path, capsys):
     from opengem.cli import main
 

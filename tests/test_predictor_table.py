@@ -141,3 +141,13 @@ def test_joined_history_cells_served_as_lists_equal_the_converted_rows(tmp_path)
     with torch.no_grad():
         want = torch.sigmoid(model(loader_batch).logits)[:, 0].tolist()
     assert p.score(req)["scores"]["click"] == want
+    # one surface ("all"): a request may leave it out, as a plain CTR model's client would
+    assert list(ds.schema.surfaces) == ["all"]
+    assert p.score({k: v for k, v in req.items() if k != "surface"}) == p.score(req)
+
+
+def test_a_request_without_a_surface_is_refused_where_there_are_two(converted):
+    src, ds, _, p, _ = converted
+    row = {k: src[k][0].as_py() for k in ("user", "ad", "price", "hist")}
+    with pytest.raises(BadRequest, match="missing 'surface'"):
+        p.score({"candidates": [row]})

@@ -28,6 +28,7 @@ from types import TracebackType
 from typing import NoReturn
 
 from opengem.errors import OpengemError
+from opengem.run_arg import NOT_A_RUN
 
 # model.name values, as opengem.model.registry.MODEL_NAMES (not imported here: it pulls in torch; a test
 # keeps the two equal)
@@ -76,7 +77,8 @@ class IntermixedParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         """argparse's usage error, plus where ``section.key=value`` went when this command takes none."""
         takes_overrides = any(a.dest == "overrides" for a in self._actions)
-        if message.startswith("unrecognized arguments") and "=" in message and not takes_overrides:
+        misplaced = message.startswith("unrecognized arguments") or NOT_A_RUN in message
+        if misplaced and "=" in message and not takes_overrides:
             message += (f" ({self.prog} takes no section.key=value overrides; they go to "
                         f"{', '.join(OVERRIDE_COMMANDS)})")
         super().error(message)

@@ -6,6 +6,7 @@ never a storage format, so a 2,000-event history costs memory only where it exis
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import torch
@@ -13,6 +14,11 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from torchrec.streamable import Pipelineable
 
 from opengem.ops.jagged import jagged_to_padded, keep_last_index, lengths_to_offsets, padding_mask
+
+# Building a KeyedJaggedTensor goes through torch.fx's proxyable-class hook, whose first call logs a warning
+# about torch's own is_fx_tracing API (meant for code calling it, not for us): without this, every process
+# that makes a batch outside training (a Predictor, `opengem serve`) printed it once.
+logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
 
 
 @dataclass

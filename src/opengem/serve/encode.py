@@ -1,6 +1,7 @@
 """Raw request values -> the model's Batch, through the loader's own code path.
 
 A request is ``{"surface": name | index, "context": {feature: value}, "candidates": [{feature: value}, ...]}``
+(``surface`` may be left out where the model has one surface)
 and optionally ``"ts"``, the request time (the server's clock when absent, :func:`with_request_ts`),
 with feature names as in canonical Parquet (sparse and dense feature names, ``<group>__<field>`` for
 sequence fields). Context features are broadcast to every candidate; every feature the schema declares
@@ -206,7 +207,13 @@ class RequestEncoder:
         self._layout: tuple[pa.Schema, tuple[pa.Schema, list[int | pa.DataType]] | None] | None = None
 
     def surface_index(self, value: Any) -> int:
+        """The surface a request names (``None``: it names none, which only a one-surface model allows:
+        a plain CTR table converted with ``convert table`` has the one surface ``all``)."""
         surfaces = list(self.schema.surfaces)
+        if value is None:
+            if len(surfaces) == 1:
+                return 0
+            raise BadRequest(f"missing 'surface' (a name such as {surfaces[0]!r} or its index)")
         if isinstance(value, str):
             if value not in surfaces:
                 raise BadRequest(f"surface {value!r} is not one of {', '.join(surfaces)}")
@@ -235,10 +242,7 @@ class RequestEncoder:
         extra = [k for k in request if k not in REQUEST_KEYS]
         if extra:
             raise BadRequest(f"unknown request key {extra[0]!r} (a request has {', '.join(REQUEST_KEYS)})")
-        if "surface" not in request:
-            raise BadRequest("missing 'surface' (a name such as "
-                             f"{self.schema.surfaces[0]!r} or its index)")
-        surface = self.surface_index(request["surface"])
+        surface = self.surface_index(request.get("surface"))
         context = request.get("context", {})
         if not isinstance(context, Mapping):
             raise BadRequest(f"'context' must be an object of features, got {type(context).__name__}")

@@ -11,16 +11,14 @@ from __future__ import annotations
 import argparse
 import warnings
 
-from opengem.errors import UsageError
+from opengem.run_arg import add_run_argument, resolve_run
 from opengem.serve.export import BACKENDS, export_run
 from opengem.train.calibration import describe_calibration
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run", nargs="?", help="training run folder, or RUN@version (e.g. RUN@3 or RUN@v0003) "
-                                          "for a published version of an online run")
-    p.add_argument("--run", "--run-dir", dest="run_flag", metavar="RUN",  # as evaluate, calibrate, predict
-                   help="the same, as a flag (give one of the two)")
+    add_run_argument(p, help="training run folder, or RUN@version (e.g. RUN@3 or RUN@v0003) for a published "
+                             "version of an online run")
     p.add_argument("--out", required=True, help="artifact folder to write")
     p.add_argument("--backend", default="export", choices=BACKENDS,
                    help="what to build besides the weights (default: export)")
@@ -29,9 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     warnings.filterwarnings("ignore", category=FutureWarning)  # TorchRec/DCP deprecation notices
-    if (args.run is None) == (args.run_flag is None):
-        raise UsageError("give the run once, as RUN or --run RUN")
-    args.run = args.run or args.run_flag
+    resolve_run(args)
     res = export_run(args.run, args.out, backend=args.backend, force=args.force)
     timing = ", ".join(f"{k} {v:.1f}s" for k, v in res.items() if k.endswith("_s"))
     cal_note = describe_calibration(res["source"].get("calibration"))

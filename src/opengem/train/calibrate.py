@@ -41,6 +41,7 @@ from torch import nn
 
 from opengem.data.commit import atomic_write_text
 from opengem.errors import UsageError
+from opengem.run_arg import add_run_argument, resolve_run
 from opengem.train.calibration import (
     CALIBRATION,
     FORMAT,
@@ -336,8 +337,7 @@ def format_fit(doc: dict[str, Any]) -> str:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--run", "--run-dir", dest="run", required=True,
-                   help="training run folder (has config.toml and checkpoints/)")
+    add_run_argument(p)
     p.add_argument("--data", default=None, help="dataset folder (default: the one the run trained on)")
     p.add_argument("--partitions", default=None,
                    help="held-out partitions to fit on (default: the run's data.eval; never its training "
@@ -352,6 +352,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     warnings.filterwarnings("ignore", category=FutureWarning)  # TorchRec/DCP deprecation notices
+    resolve_run(args)
     path = Path(args.run) / CALIBRATION
     if args.remove:
         existed = path.exists()

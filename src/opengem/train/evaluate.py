@@ -31,6 +31,7 @@ from opengem.data.schema import FeatureSchema
 from opengem.errors import DatasetError, OpengemError
 from opengem.metrics import NE_BASE_RATE, MetricAccumulator
 from opengem.model.heads import masked_bce
+from opengem.run_arg import add_run_argument, resolve_run
 from opengem.train import checkpoint as ckpt
 from opengem.train.calibration import apply_run_calibration, describe_calibration
 from opengem.train.compile import prepare_compile
@@ -256,10 +257,9 @@ def format_metrics(results: dict[str, dict[str, Any]], oracle: dict[str, Any] | 
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--run", "--run-dir", dest="run", required=True, action="append",
-                   help="training run folder (has config.toml and checkpoints/); repeat it to compare runs "
-                        "side by side on the same partitions; under torchrun, whose own --run-path "
-                        "swallows --run, write --run-dir")
+    add_run_argument(p, many=True, help="training run folder(s) (config.toml and checkpoints/); several "
+                                        "compare runs side by side on the same partitions; under torchrun, "
+                                        "whose own --run-path swallows --run, give them as RUN or --run-dir")
     p.add_argument("--data", default=None, help="dataset folder (default: the one the run trained on)")
     p.add_argument("--partitions", default=None, help="partition spec (default: the run's data.eval)")
     p.add_argument("--device", default=None, choices=["auto", "cpu", "cuda"])
@@ -267,6 +267,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     warnings.filterwarnings("ignore", category=FutureWarning)  # TorchRec/DCP deprecation notices
+    resolve_run(args, many=True)
     outs = {}
     for run_dir in args.run:
         out = evaluate_run(run_dir, args.data, args.partitions, args.device)

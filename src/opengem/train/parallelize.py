@@ -128,8 +128,7 @@ def plan_tables(model: nn.Module, device: torch.device, pg: dist.ProcessGroup, s
     # construction prints on every run
     topology = TopologyFactory.create_topology(TrainerConfig(world_size=world, local_world_size=local),
                                                kernel_config=KernelConfig(compute_device=device.type))
-    for name in ("torchrec.distributed.planner", "torch.fx._symbolic_trace"):  # chatty, not actionable
-        logging.getLogger(name).setLevel(logging.ERROR)
+    logging.getLogger("torchrec.distributed.planner").setLevel(logging.ERROR)  # chatty, not actionable
     planner = EmbeddingShardingPlanner(topology=topology, constraints=constraints)
     if world == dist.get_world_size(pg):
         return planner.collective_plan(model, get_default_sharders(), pg)

@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 import torch
 
 from opengem.errors import UsageError
+from opengem.run_arg import add_run_argument, resolve_run
 from opengem.train.calibration import describe_calibration
 from opengem.train.data import make_loader
 from opengem.train.distributed import world_size
@@ -100,8 +101,7 @@ def _record_batch(batch: Any, probs: torch.Tensor, tasks: list[str], surfaces: l
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--run", "--run-dir", dest="run", required=True,
-                   help="training run folder (has config.toml and checkpoints/)")
+    add_run_argument(p)
     p.add_argument("--data", default=None, help="dataset folder (default: the one the run trained on)")
     p.add_argument("--partitions", default=None, help="partition spec (default: the run's data.eval)")
     p.add_argument("--out", required=True, help="predictions file to write (FILE.parquet)")
@@ -111,6 +111,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     warnings.filterwarnings("ignore", category=FutureWarning)  # TorchRec/DCP deprecation notices
+    resolve_run(args)
     res = predict_run(args.run, args.out, args.data, args.partitions, args.device, force=args.force)
     cal_note = describe_calibration(res["calibration"])
     print(f"wrote {res['out']}: {res['rows']} rows of {', '.join(res['partitions'])} "

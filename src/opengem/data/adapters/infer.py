@@ -271,6 +271,36 @@ def _integer_text(sample: pa.RecordBatch | None, name: str) -> bool:
     return len(col) > 0 and bool(pc.all(pc.match_substring_regex(col, r"^\s*-?\d+\s*$")).as_py())
 
 
+NUMBER_TEXT = r"^\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*$"
+MOSTLY_NUMBERS = 0.9  # a text column with this share of real numbers among its sampled values: dense + typos
+
+
+def mostly_numbers(sample: pa.RecordBatch | None, spec: ImportSpec) -> list[str]:
+    """One line per categorical feature inferred from a text column whose sampled values are almost all real
+    numbers (at least MOSTLY_NUMBERS of the non-empty ones, some with a fraction or an exponent) but not all:
+    one cell such as 'abc' or 'unknown' in a price column makes the whole column text, so inference files it
+    as categorical, where the user almost surely wanted it dense. Integer-only columns are ids: not named."""
+    lines = []
+    for f in spec.sparse:
+        if sample is None or f.name not in sample.schema.names:
+            continue
+        col = sample.column(f.name).drop_null()
+        if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
+            continue
+        col = col.filter(pc.not_equal(pc.utf8_trim_whitespace(col), ""))
+        numeric = pc.match_substring_regex(col, NUMBER_TEXT)
+        n, k = len(col), int(pc.sum(pc.cast(numeric, pa.int64())).as_py() or 0)
+        fractional = pc.any(pc.and_(numeric, pc.match_substring_regex(col, r"[.eE]"))).as_py()
+        if n == 0 or k == n or k < MOSTLY_NUMBERS * n or not fractional:
+            continue
+        odd = pc.unique(col.filter(pc.invert(numeric))).to_pylist()
+        shown = ", ".join(repr(v[:20]) for v in odd[:3]) + (", ..." if len(odd) > 3 else "")
+        lines.append(f"{f.name}: {k} of {n} sampled values are numbers, but not {shown}; so it is inferred "
+                     "as categorical (sparse). If it is a number, move it under dense in the spec (and fix "
+                     "or blank those cells: a dense cell that is not a number stops the conversion)")
+    return lines
+
+
 def _separator(sample: pa.RecordBatch | None, name: str) -> str:
     """The separator a text column's sampled cells join lists with ("" when they do not): at least two
     values and MIN_SEPARATED_SHARE of the non-empty ones hold it."""

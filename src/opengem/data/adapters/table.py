@@ -42,6 +42,7 @@ from opengem.data.adapters.infer import (
     check_spec,
     infer_spec,
     load_spec,
+    mostly_numbers,
 )
 from opengem.data.adapters.labels import LabelSyntaxError, parse_labels
 from opengem.data.adapters.sources import Source, expand, format_from_names
@@ -78,6 +79,7 @@ class TableJob:
     rule_text: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
     writer: str = "opengem convert table"
+    notes: list[str] = field(default_factory=list)  # what inference wants the user to look at (printed)
 
     @property
     def split_of_source(self) -> dict[str, int | None]:
@@ -421,6 +423,7 @@ def job_from_args(args: argparse.Namespace) -> TableJob:
     columns = [c.strip() for c in args.columns.split(",")] if args.columns else None
     sources, mode = _sources(args, columns)
     labels = _labels(args.label)
+    notes: list[str] = []
     if args.schema:
         spec = load_spec(args.schema)
         overrides = {"labels": labels, "time": args.time, "surface": args.surface,
@@ -435,12 +438,14 @@ def job_from_args(args: argparse.Namespace) -> TableJob:
         first = next(iter(sources.values()))
         schema = first.schema()
         names = schema.names
+        sample = first.sample()
         spec = infer_spec(schema, args.table_name or Path(args.out).name, labels,
                           time=args.time or ("ts" if "ts" in names else ""),
                           surface=args.surface or ("surface" if "surface" in names else ""),
                           min_count=args.min_count or DEFAULT_MIN_COUNT,
-                          hash_buckets=args.hash_buckets or DEFAULT_HASH_BUCKETS, sample=first.sample())
+                          hash_buckets=args.hash_buckets or DEFAULT_HASH_BUCKETS, sample=sample)
         spec.exact_holdout = args.exact_holdout
+        notes = mostly_numbers(sample, spec)
     if args.table_name:
         spec.name = args.table_name
     check_spec(spec, f"{args.schema or 'the inferred spec'} with the command-line options")
@@ -453,4 +458,5 @@ def job_from_args(args: argparse.Namespace) -> TableJob:
                          f"--split random or of the train source under --split files, but {why}")
     rule = SplitRule(mode, args.valid_frac, args.test_frac, args.seed, carve=carve,
                      cuts=_time_cuts(args.time_cuts, mode, spec.time), exact=spec.exact_holdout)
-    return TableJob(sources, spec, rule, shuffle=not args.no_shuffle, spec_path=args.schema or "")
+    return TableJob(sources, spec, rule, shuffle=not args.no_shuffle, spec_path=args.schema or "",
+                    notes=notes)

@@ -34,6 +34,8 @@ def run(args: argparse.Namespace) -> int:
         job.spec_path = str(path)
         print(f"convert table: wrote the inferred import spec to {path} (edit it and re-run with "
               f"--schema {path})", file=sys.stderr)
+        for note in job.notes:
+            print(f"convert table: warning: {note} ({path})", file=sys.stderr)
     summary = convert_table(job, args.out, force=args.force)
     brief = {k: {"rows": v["rows"], "label_rates": v["label_rates"]} for k, v in summary["splits"].items()}
     print(json.dumps({"out": str(args.out), "split_rule": summary["split_rule"], "splits": brief,
