@@ -29,8 +29,10 @@ def test_toml_then_overrides_then_roundtrip(tmp_path):
 
 
 def test_unknown_and_mistyped_keys_fail_with_path(tmp_path):
-    with pytest.raises(ConfigError, match="unknown key 'widht'"):
+    with pytest.raises(ConfigError, match="unknown key 'widht' \\(did you mean 'width'\\? known: "):
         load_config(Outer, None, ["inner.widht=3"])
+    with pytest.raises(ConfigError, match=r"unknown key 'zzz' \(known: "):  # nothing close: no guess
+        load_config(Outer, None, ["inner.zzz=3"])
     with pytest.raises(ConfigError, match=r"inner.width: expected an integer"):
         load_config(Outer, None, ["inner.width=2.5"])
 

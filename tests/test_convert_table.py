@@ -405,6 +405,14 @@ def test_a_mostly_numeric_text_column_is_inferred_categorical_with_a_warning(tmp
     assert "sampled values are numbers" not in capsys.readouterr().err
 
 
+def test_a_misspelt_spec_key_is_named_with_its_likely_fix(tmp_path: Path, capsys) -> None:
+    _price_csv(tmp_path / "p.csv", 50, {})
+    spec = tmp_path / "s.toml"
+    spec.write_text('name = "p"\nlabels = ["y"]\n[[sparse]]\nname = "user"\nseparater = "|"\n')
+    assert convert("--src", str(tmp_path / "p.csv"), "--schema", str(spec), "--out", str(tmp_path / "o")) == 1
+    assert "unknown key 'separater' (did you mean 'separator'? allowed: " in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("block_bytes", [None, 1 << 10])  # the bad cell in the first block / a later one
 @pytest.mark.parametrize("header", [True, False])
 def test_a_dense_cell_that_is_not_a_number_names_its_line_and_column(tmp_path: Path, capsys, monkeypatch,

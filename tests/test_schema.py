@@ -28,7 +28,7 @@ def test_tiny_schema_roundtrips_through_toml():
         (lambda d: d["task"][0].update(column=""), "task[0].column"),
         (lambda d: d["sparse"][0].update(vocab=-5), "sparse[0].vocab"),
         (lambda d: d["sequence"][0].update(max_len=0), "sequence[0].max_len"),
-        (lambda d: d.update(surfacez=["a"]), "unknown key 'surfacez'"),
+        (lambda d: d.update(surfacez=["a"]), "unknown key 'surfacez' (did you mean 'surfaces'? allowed: "),
         (lambda d: d.pop("task"), "missing required key 'task'"),
         (lambda d: d["sparse"][0].update(pooling="max"), "sparse[0].pooling"),
         (lambda d: d["sparse"][0].update(dim="8"), "sparse[0].dim: wrong type"),

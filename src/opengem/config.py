@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from opengem.data.schema import dumps_toml, read_toml
-from opengem.errors import UsageError
+from opengem.errors import UsageError, unknown_key
 
 T = TypeVar("T")
 
@@ -124,7 +124,7 @@ def from_dict(cls: type[T], data: dict[str, Any], where: str = "config") -> T:
     names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     for k in data:
         if k not in names:
-            raise ConfigError(f"{_key(where, k)}: unknown key {k!r} (known: {', '.join(sorted(names))})")
+            raise ConfigError(f"{_key(where, k)}: {unknown_key(k, names)}")
     kwargs = {k: _coerce(v, hints[k], _key(where, k)) for k, v in data.items()}
     return cls(**kwargs)
 

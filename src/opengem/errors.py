@@ -10,6 +10,9 @@ the message is one line that names the file, column, row, key or path and says w
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
 
 class OpengemError(Exception):
     """A problem with the user's input, files or environment, stated in one line."""
@@ -29,3 +32,12 @@ class DatasetError(OpengemError, ValueError):
 
 class TrainError(OpengemError, RuntimeError):
     """A run that cannot go on: no device, a non-finite loss, a data selection with no full batch."""
+
+
+def unknown_key(key: str, known: Iterable[str], listed_as: str = "known") -> str:
+    """``unknown key 'stepz' (did you mean 'steps'? known: a, b, ...)``: the closest known key is offered
+    when one is close (a typo), then every key, so the line alone says how to fix it."""
+    names = sorted(known)
+    close = difflib.get_close_matches(key, names, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return f"unknown key {key!r} ({hint}{listed_as}: {', '.join(names)})"

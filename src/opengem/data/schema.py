@@ -31,7 +31,7 @@ import tomli_w
 
 from opengem.data.match_features import MatchFeature, match_feature_names
 from opengem.data.time_features import TIME_FEATURES, TIME_UNITS, time_feature_names
-from opengem.errors import OpengemError
+from opengem.errors import OpengemError, unknown_key
 
 POOLINGS = ("sum", "mean")
 OOV_POLICIES = ("error", "hash", "clamp", "skip")
@@ -275,7 +275,7 @@ def _take(d: dict[str, Any], allowed: dict[str, type | tuple[type, ...]], where:
         raise SchemaError(f"{where}: expected a table, got {type(d).__name__}")
     for k in d:
         if k not in allowed:
-            raise SchemaError(f"{where}: unknown key {k!r} (allowed: {', '.join(sorted(allowed))})")
+            raise SchemaError(f"{where}: {unknown_key(k, allowed, 'allowed')}")
     for k in required:
         if k not in d:
             raise SchemaError(f"{where}: missing required key {k!r}")

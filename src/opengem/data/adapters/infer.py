@@ -39,6 +39,7 @@ from opengem.data.adapters.infer_spread import find_spread
 from opengem.data.adapters.labels import LabelRule, LabelSyntaxError, parse_label, parse_labels
 from opengem.data.adapters.vocab import gather_columns, split_cells
 from opengem.data.schema import SchemaError, dumps_toml, read_toml
+from opengem.errors import unknown_key
 
 TRANSFORMS = ("standardize", "log1p", "none")
 DEFAULT_MIN_COUNT = 2
@@ -155,7 +156,7 @@ def _only(d: Any, allowed: set[str], where: str) -> dict[str, Any]:
         raise SchemaError(f"{where}: expected a table, got {type(d).__name__}")
     unknown = sorted(set(d) - allowed)
     if unknown:
-        raise SchemaError(f"{where}: unknown key {unknown[0]!r} (allowed: {', '.join(sorted(allowed))})")
+        raise SchemaError(f"{where}: {unknown_key(unknown[0], allowed, 'allowed')}")
     return d
 
 
