@@ -261,15 +261,21 @@ def check_spec(spec: ImportSpec, where: str) -> None:
                               "not be a column the spec reads: give the history a name of its own")
 
 
+def _sampled_text(sample: pa.RecordBatch | None, name: str) -> pa.Array | None:
+    """The non-null sampled values of a column read as text (a CSV sample), or None: no sample, no such
+    column, or a typed one (Parquet keeps its types)."""
+    if sample is None or name not in sample.schema.names:
+        return None
+    col = sample.column(name).drop_null()
+    return col if pa.types.is_string(col.type) or pa.types.is_large_string(col.type) else None
+
+
 def _integer_text(sample: pa.RecordBatch | None, name: str) -> bool:
     """True when every non-empty sample value of a column is written as an integer (no '.', no 'e'); a
     sample read with types (Parquet) keeps its floats."""
-    if sample is None or name not in sample.schema.names:
-        return False
-    col = sample.column(name).drop_null()
-    if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
-        return False
-    return len(col) > 0 and bool(pc.all(pc.match_substring_regex(col, r"^\s*-?\d+\s*$")).as_py())
+    col = _sampled_text(sample, name)
+    return col is not None and len(col) > 0 and bool(
+        pc.all(pc.match_substring_regex(col, r"^\s*-?\d+\s*$")).as_py())
 
 
 NUMBER_TEXT = r"^\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*$"
@@ -283,10 +289,8 @@ def mostly_numbers(sample: pa.RecordBatch | None, spec: ImportSpec) -> list[str]
     as categorical, where the user almost surely wanted it dense. Integer-only columns are ids: not named."""
     lines = []
     for f in spec.sparse:
-        if sample is None or f.name not in sample.schema.names:
-            continue
-        col = sample.column(f.name).drop_null()
-        if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
+        col = _sampled_text(sample, f.name)
+        if col is None:
             continue
         col = col.filter(pc.not_equal(pc.utf8_trim_whitespace(col), ""))
         numeric = pc.match_substring_regex(col, NUMBER_TEXT)

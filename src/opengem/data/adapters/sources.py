@@ -80,20 +80,6 @@ _READ_AS = {"double": "a number", "float": "a number", "int64": "an integer", "i
             "bool": "true or false"}
 
 
-def _conversion_error(path: Path, e: Exception, names: list[str]) -> str | None:
-    """Arrow's "In CSV column #2: Row #121: CSV conversion error to double: invalid value 'abc'" as the file,
-    line and column NAME a user can find (Arrow's row number is the file's line, header included, when it
-    reads with one thread, as here); None for any other error."""
-    m = _CONVERSION.search(str(e))
-    if m is None:
-        return None
-    col, line, to = int(m[1]), int(m[2]), m[3]
-    value = m[4][:80].encode("ascii", "backslashreplace").decode("ascii")
-    name = names[col] if col < len(names) else f"#{col}"
-    return (f"{path}: line {line}, column {name!r}: {value!r} is not {_READ_AS.get(to, to)} (the column is "
-            f"read as {to}: fix or blank the cell, or read the column another way in the import spec)")
-
-
 def _first_line(path: Path) -> bytes:
     with pa.input_stream(str(path), compression="detect") as f:
         return f.read(1 << 16).split(b"\n", 1)[0].rstrip(b"\r")
@@ -179,9 +165,18 @@ class Source:
                                or f"{path}: cannot read as {self.fmt.upper()}: {_one_line(e)}") from None
 
     def _conversion_error(self, path: Path, e: Exception) -> str | None:
-        if "CSV conversion error" not in str(e):
+        """Arrow's "In CSV column #2: Row #121: CSV conversion error to double: invalid value 'abc'" as the
+        file, line and column NAME a user can find (Arrow's row number is the file's line, header included,
+        when it reads with one thread, as here); None for any other error."""
+        m = _CONVERSION.search(str(e))
+        if m is None:
             return None
-        return _conversion_error(path, e, self.columns or self._header_names())
+        col, line, to = int(m[1]), int(m[2]), m[3]
+        names = self.columns or self._header_names()  # read only now: the header is opened again for it
+        name = names[col] if col < len(names) else f"#{col}"
+        value = m[4][:80].encode("ascii", "backslashreplace").decode("ascii")
+        return (f"{path}: line {line}, column {name!r}: {value!r} is not {_READ_AS.get(to, to)} (the column "
+                f"is read as {to}: fix or blank the cell, or read the column another way in the import spec)")
 
     def _header_names(self) -> list[str]:
         reader = self._open_csv(self._header_path, BadRows(), infer=True)
