@@ -193,7 +193,27 @@ def test_bad_label_names_row(tmp_path: Path, capsys) -> None:
     assert convert("--src", str(tmp_path / "l.csv"), "--format", "csv", "--label", "y", "--infer-schema",
                    "--out", str(tmp_path / "o")) == 1
     err = capsys.readouterr().err
-    assert "column 'y' (label): value 2 at data row 2 (from 0" in err
+    assert f"{tmp_path / 'l.csv'}: line 4, column 'y' (label): value 2 is not 0 or 1" in err
+
+
+def test_a_bad_row_is_named_by_its_file_and_line(tmp_path: Path, capsys) -> None:
+    """Several files, a repeated header, rows skipped as malformed above the bad one: the message names
+    the file and the line an editor shows (as Arrow numbers lines), not a row count over all files."""
+    (tmp_path / "a.csv").write_text("a,y,t\nx,0,1\ny,1,2\nz,0,3\n")
+    (tmp_path / "b.csv").write_text("a,y,t\nx,0,4\nmalformed\ny,1,5\nalso,malformed\nz,1,\nw,0,7\n")
+    (tmp_path / "c.csv").write_text("x,7,8\n")  # no header: its first line is a row
+    args = ["--format", "csv", "--label", "y", "--infer-schema"]
+    assert convert("--src", str(tmp_path / "[ab].csv"), "--time", "t", *args, "--out", str(tmp_path / "o1")) == 1
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'b.csv'}: line 6, column 't' (time): empty value" in err and err.count("\n") == 2
+    (tmp_path / "b.csv").write_text("a,y,t\nx,0,4\n")
+    assert convert("--src", str(tmp_path / "[abc].csv"), *args, "--out", str(tmp_path / "o2")) == 1
+    assert f"{tmp_path / 'c.csv'}: line 1, column 'y' (label): value 7 is not 0 or 1" in capsys.readouterr().err
+    pq.write_table(pa.table({"a": ["x", "y", "z"], "y": [0.0, 1.0, 3.0]}), tmp_path / "p.parquet")
+    assert convert("--src", str(tmp_path / "p.parquet"), "--label", "y", "--infer-schema", "--out",
+                   str(tmp_path / "o3")) == 1
+    assert f"{tmp_path / 'p.parquet'}: row 2 (from 0), column 'y' (label)" in capsys.readouterr().err
+    assert not any((tmp_path / o).exists() for o in ("o1", "o2", "o3"))
 
 
 def test_hashing_above_bucket_count_and_spec_rerun(log_csv, tmp_path: Path) -> None:
@@ -864,7 +884,7 @@ def test_new_rows_through_the_fitted_encoders_equal_their_converted_twins(tmp_pa
     assert convert("--src", str(tmp_path / "odd.csv"), "--encoders", str(base), "--out",
                    str(tmp_path / "o")) == 1
     err = capsys.readouterr().err
-    assert "column 'place' (surface): 'video' at data row 2" in err and err.count("\n") == 1
+    assert "odd.csv: line 4, column 'place' (surface): 'video' is not one of" in err and err.count("\n") == 1
     assert not (tmp_path / "o").exists()
     for args, where in ((["--encoders", str(base), "--label", "click"], "--label would fit or override"),
                         (["--encoders", str(tmp_path / "nowhere")], "no encoders.json and schema.toml"),

@@ -20,6 +20,7 @@ from opengem.cli import main as cli_main
 from opengem.data.adapters.infer import SequenceSpec, load_spec
 from opengem.data.adapters.infer_group import infer_groups
 from opengem.data.schema import FeatureSchema, SchemaError
+from opengem.serve.errors import BadRequest
 from opengem.serve.predictor import Predictor
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -106,7 +107,7 @@ def test_a_row_whose_attributes_disagree_on_its_events_is_named(tmp_path, capsys
     out = tmp_path / "o"
     assert convert(tmp_path / "log.csv", SPEC.format(group='group = "hist_item"'), out) == 1
     err = capsys.readouterr().err
-    assert "column 'hist_cate' (sequence in the group 'hist_item') holds" in err and "at data row 123 " in err
+    assert "column 'hist_cate' (sequence in the group 'hist_item') holds" in err and f"log.csv: line 125, column 'hist_cate'" in err
     assert err.count("\n") == 1 and "Traceback" not in err and not out.exists()
 
 
@@ -142,6 +143,11 @@ def test_a_served_request_gives_each_attribute_as_logged(converted):
     cands = [{k: r[k] for k in ("user", "item", "cate", "hist_item", "hist_cate")} for r in raw]
     got = np.asarray(p.score({"surface": "all", "candidates": cands})["scores"]["click"])
     assert np.abs(got - preds["click"].to_numpy()).max() <= 1e-6
+    # a candidate whose attributes disagree on its events is named as a candidate, not a file's row
+    cands[2] = {**cands[2], "hist_cate": cands[2]["hist_cate"] + "^3" if cands[2]["hist_cate"] else "3"}
+    with pytest.raises(BadRequest, match=r"^cannot encode the request's values: request: candidate 2, column "
+                                         r"'hist_cate' \(sequence in the group 'hist_item'\) holds"):
+        p.score({"surface": "all", "candidates": cands})
 
 
 def test_inference_groups_histories_whose_event_counts_agree_row_for_row(tmp_path):

@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from opengem.data.adapters.common import AdapterError
 from opengem.data.adapters.encoders_io import KIND, encoders_from_dict, encoders_to_dict
-from opengem.data.adapters.table_encode import Chunk, Encoders, gather_spread_histories
+from opengem.data.adapters.table_encode import Chunk, Encoders, RowPlace, gather_spread_histories
 from opengem.data.adapters.vocab import split_cells
 from opengem.serve.errors import ArtifactError, BadRequest
 
@@ -136,5 +136,6 @@ def encode_raw(enc: Encoders, batch: pa.RecordBatch, schema: Any, source: str) -
     """``Encoders.encode`` of the importer on the request's rows: canonical columns (ids, normalised)."""
     n = batch.num_rows
     rows = np.arange(n, dtype=np.int64)
-    chunk = Chunk(source, batch, rows, np.zeros(n, np.int64), rows, np.zeros(n, np.int8))  # type: ignore[arg-type]
+    chunk = Chunk(source, batch, rows, np.zeros(n, np.int64), rows, np.zeros(n, np.int8),  # type: ignore[arg-type]
+                  RowPlace(source, unit="candidate"))
     return enc.encode(chunk, schema)

@@ -42,6 +42,7 @@ class AdapterError(OpengemError, ValueError):
 
 # --------------------------------------------------------------------------- reading sources
 SHOW_CHARS = 80  # how much of a source row an error message shows
+ALL_SKIPPED_LINES = 1_000_000  # per file: past this many skipped rows, later rows are placed by count only
 
 
 @dataclass
@@ -59,12 +60,18 @@ class BadRows:
     keep: int = 5
     files: dict[str, dict[str, Any]] = field(default_factory=dict)
     not_text: dict[str, UnicodeDecodeError] = field(default_factory=dict, repr=False)
+    # every skipped line of a file in order (not reported): a later message names a row's line, which
+    # counts the skipped rows above it (:class:`opengem.data.adapters.table_encode.RowPlace`)
+    skipped: dict[str, list[int]] = field(default_factory=dict, repr=False)
 
     def handler(self, path: str | Path) -> Callable[[Any], str]:
         """A pyarrow ``invalid_row_handler`` that records the row and skips it."""
         def on_invalid(row: Any) -> str:
             rec = self.files.setdefault(str(path), {"rows": 0, "lines": [], "samples": []})
             rec["rows"] += 1
+            lines = self.skipped.setdefault(str(path), [])
+            if len(lines) < ALL_SKIPPED_LINES:
+                lines.append(row.number)
             if len(rec["lines"]) < self.keep:
                 rec["lines"].append(row.number)
                 rec["samples"].append(f"expected {row.expected_columns} fields, got {row.actual_columns}: "

@@ -111,6 +111,13 @@ class Source:
     def header(self) -> bytes | None:
         return None if self.columns else _first_line(self._header_path)
 
+    def header_lines(self, path: Path) -> int:
+        """Lines of ``path`` above its first data row: the header file's header, and a later file's first
+        line where it repeats that header (:meth:`_open_csv` skips it); 0 for headerless and libsvm."""
+        if self.fmt not in ("csv", "tsv") or self.columns:
+            return 0
+        return 1 if path == self._header_path or _first_line(path) == self.header() else 0
+
     def schema(self) -> pa.Schema:
         """Column names and types as read (CSV: types inferred from the first block of the first file)."""
         if self.fmt == "libsvm":

@@ -46,7 +46,7 @@ from opengem.data.adapters.infer import (
 )
 from opengem.data.adapters.labels import LabelSyntaxError, parse_labels
 from opengem.data.adapters.sources import Source, expand, format_from_names
-from opengem.data.adapters.table_encode import Chunk, Encoders, fit_encoders, prepare_lists
+from opengem.data.adapters.table_encode import Chunk, Encoders, RowPlace, fit_encoders, prepare_lists
 from opengem.data.adapters.table_split import SPLITS, TRAIN, SplitRule, time_cuts
 from opengem.data.commit import staged_dir
 from opengem.data.parquet import CanonicalWriter
@@ -87,7 +87,7 @@ class TableJob:
 
 
 # --------------------------------------------------------------------------- streaming rows
-def _int_column(batch: pa.RecordBatch, name: str, file: Path, first_row: int, role: str) -> np.ndarray:
+def _int_column(batch: pa.RecordBatch, name: str, file: Path, place: RowPlace, role: str) -> np.ndarray:
     col = batch.column(name)
     if pa.types.is_string(col.type) and col.null_count < len(col):
         try:
@@ -100,9 +100,8 @@ def _int_column(batch: pa.RecordBatch, name: str, file: Path, first_row: int, ro
     if pa.types.is_timestamp(col.type) or pa.types.is_date(col.type):
         col = pc.cast(pc.cast(col, pa.timestamp("s")), pa.int64())
     if col.null_count:
-        row = first_row + int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
-        raise AdapterError(f"{file}: column {name!r} ({role}): empty value at data row {row} (from 0, over "
-                           "the files in order)")
+        j = int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
+        raise AdapterError(f"{place(j)}, column {name!r} ({role}): empty value")
     try:
         return pc.cast(col, pa.int64()).to_numpy(zero_copy_only=False)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
@@ -118,18 +117,25 @@ def stream(job: TableJob, bad: BadRows, columns: list[str] | None = None,
     row0 = 0
     for key, source in job.sources.items():
         file_split = job.split_of_source[key]
+        unit = "row" if source.fmt == "parquet" else "line"
+        file_rows: dict[Path, int] = {}  # rows read of each file so far
+        headers: dict[Path, int] = {}
         for path, batch in source.batches(bad, need):
+            if path not in file_rows:
+                file_rows[path], headers[path] = 0, source.header_lines(path)
+            place = RowPlace(path, file_rows[path], unit, headers[path], bad)
             if job.derive is not None:
                 batch = job.derive(batch, path)
             batch = prepare_lists(batch, spec, path)
             n = batch.num_rows
             rows = np.arange(row0, row0 + n, dtype=np.int64)
-            ts = _int_column(batch, spec.time, path, row0, "time") if spec.time else rows
-            eid = _int_column(batch, spec.example_id, path, row0, "example_id") if spec.example_id else rows
+            ts = _int_column(batch, spec.time, path, place, "time") if spec.time else rows
+            eid = _int_column(batch, spec.example_id, path, place, "example_id") if spec.example_id else rows
             split = job.rule.assign(rows, ts, file_split) if job.rule.cuts or job.rule.mode != "time" \
                 else np.zeros(n, np.int8)
-            yield Chunk(path, batch, rows, ts, eid, split)
+            yield Chunk(path, batch, rows, ts, eid, split, place)
             row0 += n
+            file_rows[path] += n
             if progress is not None:
                 progress.update(n)
 

@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from opengem.data.adapters.common import AdapterError
+from opengem.data.adapters.common import AdapterError, BadRows
 from opengem.data.adapters.infer import ImportSpec, SequenceSpec
 from opengem.data.adapters.labels import LabelRule
 from opengem.data.adapters.vocab import (
@@ -102,9 +102,44 @@ def prepare_lists(batch: pa.RecordBatch, spec: ImportSpec, file: Path | str = ""
     return pa.RecordBatch.from_pydict(cols)
 
 
+@dataclass(frozen=True)
+class RowPlace:
+    """Where a chunk's rows are in their file, for a message that names a place the user can open: the
+    line of a CSV, TSV or libsvm file, a Parquet file's row, a request's candidate.
+
+    Why not the row number over all files (what the messages said before): with several files, or rows
+    skipped as malformed, the user had to count to find it. A line is numbered as Arrow numbers it in its
+    own conversion errors ("line 121" of :meth:`Source._conversion_error`): the header and every skipped
+    row count, blank lines do not."""
+
+    file: str | Path
+    first: int = 0  # rows of the file before the chunk's first
+    unit: str = "row"  # "line" | "row" | "candidate"
+    header: int = 0  # lines: lines above the first data row
+    bad: BadRows | None = None  # lines: the rows the reader skipped, read when a message is made
+
+    def __call__(self, j: int) -> str:
+        """``FILE: line L`` (or ``row K (from 0)``, ``candidate K``) of the chunk's row ``j``."""
+        k = self.first + j
+        if self.unit == "candidate":
+            return f"{self.file}: candidate {k}"
+        if self.unit != "line":
+            return f"{self.file}: row {k} (from 0)"
+        skipped = self.bad.skipped.get(str(self.file), []) if self.bad else []
+        if self.bad and len(skipped) < self.bad.files.get(str(self.file), {}).get("rows", 0):
+            return f"{self.file}: data row {k + 1} (from 1; not counting the rows skipped as malformed)"
+        line = k + 1 + self.header
+        for s in skipped:  # in order: each skipped line at or above it moves it one down
+            if s > line:
+                break
+            line += 1
+        return f"{self.file}: line {line}"
+
+
 @dataclass
 class Chunk:
-    """One source batch with each row's number, time, id and split (0 train, 1 valid, 2 test)."""
+    """One source batch with each row's number (over every file, from 0: example ids and splits are drawn
+    from it), time, id and split (0 train, 1 valid, 2 test), and where its rows are for messages."""
 
     file: Path
     batch: pa.RecordBatch
@@ -112,6 +147,7 @@ class Chunk:
     ts: np.ndarray
     example_id: np.ndarray
     split: np.ndarray
+    place: RowPlace = field(default_factory=lambda: RowPlace("?"))
 
 
 @dataclass
@@ -135,9 +171,8 @@ class Encoders:
             if idx.null_count:  # rows the encoders were not fitted on (convert table --encoders)
                 j = int(np.flatnonzero(idx.is_null().to_numpy(zero_copy_only=False))[0])
                 value, known = col[j].as_py(), ", ".join(self.surfaces)
-                raise AdapterError(f"{chunk.file}: column {self.spec.surface!r} (surface): {value!r} at data "
-                                   f"row {int(chunk.rows[j])} (from 0, over the files in order) is not one "
-                                   f"of the surfaces the encoders know ({known})")
+                raise AdapterError(f"{chunk.place(j)}, column {self.spec.surface!r} (surface): {value!r} is "
+                                   f"not one of the surfaces the encoders know ({known})")
             cols["surface"] = idx.to_numpy(zero_copy_only=False).astype(np.int32)
         else:
             cols["surface"] = np.zeros(n, np.int32)
@@ -180,10 +215,9 @@ def _check_aligned(n_events: np.ndarray, n_group: np.ndarray, q: SequenceSpec, c
     bad = np.flatnonzero(n_events != n_group)
     if len(bad):
         j = int(bad[0])
-        raise AdapterError(f"{chunk.file}: column {q.name!r} (sequence in the group {q.group!r}) holds "
-                           f"{int(n_events[j])} events at data row {int(chunk.rows[j])} (from 0, over the "
-                           f"files in order) where {q.group!r} holds {int(n_group[j])}: a grouped history "
-                           "gives one value per event of its group")
+        raise AdapterError(f"{chunk.place(j)}, column {q.name!r} (sequence in the group {q.group!r}) holds "
+                           f"{int(n_events[j])} events where {q.group!r} holds {int(n_group[j])}: a grouped "
+                           "history gives one value per event of its group")
 
 
 def _arrow_fields(schema: FeatureSchema) -> list[pa.Field]:
@@ -199,9 +233,8 @@ def _check_labels(chunk: Chunk, rules: list[LabelRule]) -> dict[str, tuple[np.nd
         bad = seen & (x != 0) & (x != 1)
         if not rule.derived and bad.any():
             j = int(np.flatnonzero(bad)[0])
-            raise AdapterError(f"{chunk.file}: column {rule.column!r} (label): value {x[j]:g} at data row "
-                               f"{int(chunk.rows[j])} (from 0, over the files in order) is not 0 or 1 "
-                               "(empty = not observed; derive a label with --label NAME=COL OP NUMBER)")
+            raise AdapterError(f"{chunk.place(j)}, column {rule.column!r} (label): value {x[j]:g} is not 0 "
+                               "or 1 (empty = not observed; derive a label with --label NAME=COL OP NUMBER)")
         out[rule.name] = (rule.apply(x), seen)
     return out
 
@@ -243,8 +276,7 @@ def fit_encoders(
             col = chunk.batch.column(spec.surface)
             if col.null_count:
                 j = int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
-                raise AdapterError(f"{chunk.file}: column {spec.surface!r} (surface): empty value at data "
-                                   f"row {int(chunk.rows[j])} (from 0, over the files in order)")
+                raise AdapterError(f"{chunk.place(j)}, column {spec.surface!r} (surface): empty value")
             surfaces.update(pc.unique(pc.cast(col, pa.string())).to_pylist())
             if len(surfaces) > MAX_SURFACES:
                 raise AdapterError(f"{chunk.file}: column {spec.surface!r} (surface) has more than "
