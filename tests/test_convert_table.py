@@ -203,12 +203,14 @@ def test_a_bad_row_is_named_by_its_file_and_line(tmp_path: Path, capsys) -> None
     (tmp_path / "b.csv").write_text("a,y,t\nx,0,4\nmalformed\ny,1,5\nalso,malformed\nz,1,\nw,0,7\n")
     (tmp_path / "c.csv").write_text("x,7,8\n")  # no header: its first line is a row
     args = ["--format", "csv", "--label", "y", "--infer-schema"]
-    assert convert("--src", str(tmp_path / "[ab].csv"), "--time", "t", *args, "--out", str(tmp_path / "o1")) == 1
+    assert convert("--src", str(tmp_path / "[ab].csv"), "--time", "t", *args, "--out",
+                   str(tmp_path / "o1")) == 1
     err = capsys.readouterr().err
     assert f"{tmp_path / 'b.csv'}: line 6, column 't' (time): empty value" in err and err.count("\n") == 2
     (tmp_path / "b.csv").write_text("a,y,t\nx,0,4\n")
     assert convert("--src", str(tmp_path / "[abc].csv"), *args, "--out", str(tmp_path / "o2")) == 1
-    assert f"{tmp_path / 'c.csv'}: line 1, column 'y' (label): value 7 is not 0 or 1" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'c.csv'}: line 1, column 'y' (label): value 7 is not 0 or 1" in err
     pq.write_table(pa.table({"a": ["x", "y", "z"], "y": [0.0, 1.0, 3.0]}), tmp_path / "p.parquet")
     assert convert("--src", str(tmp_path / "p.parquet"), "--label", "y", "--infer-schema", "--out",
                    str(tmp_path / "o3")) == 1
