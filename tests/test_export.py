@@ -163,6 +163,20 @@ def test_aoti_package_equals_eager_and_loads_as_predictor(aoti_artifact, transfe
         assert (sliced.logits(b) - p.logits(b)).abs().max().item() <= TOL
 
 
+def test_the_program_for_inductor_takes_the_fused_interaction_with_the_same_values(vm_program, transfer_rows):
+    """The AOTI package is compiled from a program traced for Inductor (the VM's dot interaction as one
+    fusable loop, ops/fused/fused_dot_interaction.py); program.pt2, run as it is, keeps bmm."""
+    vm, schema, _, program = vm_program
+    for_inductor = export_program(vm, schema, for_inductor=True)
+
+    def products(p):  # the interaction's bmm (the reference) and the head's
+        return sum("bmm" in str(node.target) for node in p.graph.nodes)
+
+    assert products(program) == products(for_inductor) + 1
+    want = program.module()(*flat_inputs(transfer_rows, schema))
+    assert (for_inductor.module()(*flat_inputs(transfer_rows, schema)) - want).abs().max().item() <= TOL
+
+
 def test_row_chunks_are_the_batches_those_rows_make_alone(transfer_rows):
     """``flat_tensor_chunks`` slices every jagged feature by its rows' offsets: each slice scored alone
     equals those rows of the whole batch (rows with no events and a last short slice included)."""

@@ -53,6 +53,7 @@ from opengem.model.flops import mlp_flops
 from opengem.model.heads import HeadConfig, MultiSurfaceHead, context_columns, head_context, mlp
 from opengem.model.output import ModelOutput
 from opengem.ops.cpu_autocast import to_cpu_autocast_dtype
+from opengem.ops.dot_interaction import dot_interaction, traced_kernel
 
 
 @dataclass
@@ -145,10 +146,7 @@ class DLRM(_Baseline):
                 f"name: DLRM needs at least 2 vectors to interact, schema {schema.name!r} gives "
                 f"{self.num_vectors}: choose another model (gem, dcnv2, din)"
             )
-        iu = torch.triu_indices(self.num_vectors, self.num_vectors, offset=1)
-        self.register_buffer("_tri_i", iu[0], persistent=False)
-        self.register_buffer("_tri_j", iu[1], persistent=False)
-        top_in = (d if n_dense else 0) + iu.shape[1]
+        top_in = (d if n_dense else 0) + self.num_vectors * (self.num_vectors - 1) // 2
         self._top_dims = [top_in, *cfg.top_mlp]
         self.top = mlp(self._top_dims)
         self._make_head(self._top_dims[-1], head)
@@ -160,8 +158,7 @@ class DLRM(_Baseline):
             dense_out = [self.bottom(emb.dense if emb.dense is not None else batch.dense)]
             vecs = dense_out + vecs
         x = torch.stack(vecs, dim=1)  # [B, n, d]
-        z = torch.bmm(x, x.transpose(1, 2))
-        pairs = z[:, self._tri_i, self._tri_j]  # [B, n(n-1)/2]
+        pairs = dot_interaction(x, kernel=traced_kernel())  # [B, n(n-1)/2]
         return self.top(torch.cat([*dense_out, pairs], dim=1))
 
     def interact_flops(self, seq_len: int | None) -> int:

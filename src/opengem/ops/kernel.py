@@ -10,7 +10,12 @@ a benchmark never measures the wrong kernel.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Iterator
 from enum import StrEnum
+
+import torch
 
 
 class Kernel(StrEnum):
@@ -39,3 +44,24 @@ def resolve_kernel(kernel: Kernel | str, supported: tuple[Kernel, ...] = REFEREN
     if found is None or found not in supported:
         raise ValueError(f"kernel {kernel!r} is not one of: {', '.join(k.value for k in supported)}")
     return found
+
+
+_FOR_INDUCTOR: contextvars.ContextVar[bool] = contextvars.ContextVar("opengem_export_for_inductor",
+                                                                     default=False)
+
+
+@contextlib.contextmanager
+def export_for_inductor() -> Iterator[None]:
+    """Within: a ``torch.export`` traces a graph that Inductor will compile (an AOTInductor package), so
+    an op whose fused form only pays once compiled may choose it (:func:`exporting_for_inductor`). A
+    program saved to run as it is (the ``export`` backend) is traced outside, with the eager forms."""
+    token = _FOR_INDUCTOR.set(True)
+    try:
+        yield
+    finally:
+        _FOR_INDUCTOR.reset(token)
+
+
+def exporting_for_inductor() -> bool:
+    """True while ``torch.export`` traces inside :func:`export_for_inductor`."""
+    return _FOR_INDUCTOR.get() and torch.compiler.is_exporting()

@@ -14,6 +14,7 @@ checkpoint, through a 1-process DMP), then its tables are gathered into a plain,
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import json
@@ -37,6 +38,7 @@ from opengem.data.random_batch import random_batch
 from opengem.data.schema import FeatureSchema, dumps_toml
 from opengem.errors import OpengemError
 from opengem.model.registry import ModelConfig, build_model
+from opengem.ops.kernel import export_for_inductor
 from opengem.serve.artifact import Artifact, check_out, write_artifact
 from opengem.serve.errors import ArtifactError
 from opengem.serve.lookup import FlatFeatures, FlatJagged, with_plain_lookups
@@ -197,10 +199,13 @@ def serving_module(model: nn.Module) -> ServingModule:
     return ServingModule(with_plain_lookups(model)).eval()
 
 
-def export_program(model: nn.Module, schema: FeatureSchema) -> torch.export.ExportedProgram:
-    """``torch.export`` (non-strict) of the whole forward with a dynamic batch and dynamic lengths."""
+def export_program(model: nn.Module, schema: FeatureSchema, *,
+                   for_inductor: bool = False) -> torch.export.ExportedProgram:
+    """``torch.export`` (non-strict) of the whole forward with a dynamic batch and dynamic lengths;
+    ``for_inductor``: the program is for :func:`compile_aoti`, so ops take their forms that pay once
+    compiled (:func:`opengem.ops.kernel.export_for_inductor`; the same values)."""
     example = random_batch(schema, 8, seed=0)
-    with torch.no_grad():
+    with torch.no_grad(), export_for_inductor() if for_inductor else contextlib.nullcontext():
         return torch.export.export(serving_module(model), flat_inputs(example, schema),
                                    dynamic_shapes=_dynamic_shapes(schema), strict=False)
 
@@ -279,9 +284,10 @@ def export_model(model: nn.Module, schema: FeatureSchema, cfg: ModelConfig, out:
             programs["export"] = Path(tmp) / "program.pt2"
             torch.export.save(program, programs["export"])
             timings["export_s"] = time.perf_counter() - t
-            if backend == "aoti":
+            if backend == "aoti":  # (traced again for Inductor: see export_program)
                 t = time.perf_counter()
-                programs["aoti"] = compile_aoti(program, Path(tmp) / "aoti.pt2")
+                programs["aoti"] = compile_aoti(export_program(rebuilt, schema, for_inductor=True),
+                                                Path(tmp) / "aoti.pt2")
                 timings["aoti_compile_s"] = time.perf_counter() - t
         art.manifest["export_timings_s"] = {k: round(v, 3) for k, v in timings.items()}
         path = write_artifact(out, art, programs, force=force)
