@@ -140,6 +140,21 @@ def test_rope_forward_and_backward_against_pairwise_rotation(dh):
     _close(g[0], ref_g[0])
 
 
+@pytest.mark.parametrize("L,dh", [(1, 2), (5, 4), (24, 8), (16, 16)])
+def test_rotate_with_tables_equals_rope_at_positions_0_to_L(L, dh):
+    """The form a program traced for Inductor runs (tables made once, then ``rotate``) against the
+    reference at positions 0..L-1, values and gradients."""
+    x = rand(3, H, L, dh, seed=L + dh)
+    cos, sin = attention.rope_tables(L, dh, 500.0)
+    assert cos.shape == sin.shape == (L, dh)
+    out, g = _grads(lambda t: attention.rotate(t, cos, sin), x)
+    ref_out, ref_g = _grads(lambda t: attention.rope(t, torch.arange(L), 500.0), x)
+    _close(out, ref_out)
+    _close(g[0], ref_g[0])
+    with pytest.raises(ValueError, match="even width"):
+        attention.rope_tables(L, 5)
+
+
 def test_safe_key_mask_only_opens_slot_zero_of_empty_rows():
     mask = _mask([2, 0, 3, 0], 4)
     safe = attention.safe_key_mask(mask)

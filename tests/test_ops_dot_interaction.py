@@ -4,8 +4,8 @@ twin, values and gradients, and which form a trace gets."""
 import pytest
 import torch
 
-from opengem.ops.dot_interaction import dot_interaction, traced_kernel
-from opengem.ops.kernel import Kernel, export_for_inductor
+from opengem.ops.dot_interaction import dot_interaction
+from opengem.ops.kernel import Kernel, export_for_inductor, inductor_kernel
 
 
 def run(x, kernel):
@@ -41,15 +41,15 @@ def test_one_vector_has_no_pairs_and_bad_shapes_are_refused():
 
 class _Pairs(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return dot_interaction(x, kernel=traced_kernel())
+        return dot_interaction(x, kernel=inductor_kernel())
 
 
 def test_a_graph_exported_for_inductor_gets_the_fused_form_and_every_other_the_reference():
-    assert traced_kernel() is Kernel.PYTORCH
+    assert inductor_kernel() is Kernel.PYTORCH
     x = torch.randn(16, 5, 4)
     plain = torch.export.export(_Pairs(), (x,), strict=False)  # a program run as it is: the reference
     with export_for_inductor():
-        assert traced_kernel() is Kernel.PYTORCH  # (not tracing: eager)
+        assert inductor_kernel() is Kernel.PYTORCH  # (not tracing: eager)
         fused = torch.export.export(_Pairs(), (x,), strict=False)
     for program, has_bmm in ((plain, True), (fused, False)):
         targets = {str(node.target) for node in program.graph.nodes}

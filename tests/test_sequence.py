@@ -124,3 +124,39 @@ def test_encoder_flops_match_counter(kind):
 def test_bad_kind_is_a_clear_error():
     with pytest.raises(ValueError, match="sequence.kind"):
         SequenceEncoder(D, 10, SequenceEncoderConfig(kind="nope"))
+
+
+class _Attend(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.mha = MultiHeadAttention(16, 2, use_rope=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.mha(x, x)
+
+
+def test_a_program_for_inductor_reads_rope_tables_made_as_buffers_in_the_warm_up(tmp_path):
+    """Traced for Inductor, RoPE's tables are buffers made by an eager forward before the trace (not
+    computed in the graph, where Inductor re-evaluates cos/sin per element; not tensors made during the
+    trace, which AOTAutograd refuses): the program has no cos/sin, compiles, and equals eager."""
+    from torch._inductor import aoti_compile_and_package
+    from torch._inductor.package import load_package
+
+    from opengem.ops.kernel import export_for_inductor
+
+    m, x = _Attend().eval(), torch.randn(4, 24, 16)
+    batch = torch.export.Dim("batch")
+    with torch.no_grad():
+        plain = torch.export.export(m, (x,), dynamic_shapes=({0: batch},), strict=False)
+        with export_for_inductor():
+            m(x)  # the warm-up
+            traced = torch.export.export(m, (x,), dynamic_shapes=({0: batch},), strict=False)
+    assert {n for n, _ in m.mha.named_buffers()} == {"_rope_tables_24x8_cos", "_rope_tables_24x8_sin"}
+    ops = {p: {str(node.target) for node in p.graph.nodes} for p in (plain, traced)}
+    assert "aten.cos.default" in ops[plain] and "aten.cos.default" not in ops[traced]
+    package = load_package(aoti_compile_and_package(traced, package_path=str(tmp_path / "m.pt2")))
+    for n in (1, 4, 9):
+        x = torch.randn(n, 24, 16)
+        with torch.no_grad():
+            assert (package(x) - m(x)).abs().max().item() <= 1e-5
+            assert (traced.module()(x) - m(x)).abs().max().item() <= 1e-5

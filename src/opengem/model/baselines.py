@@ -53,7 +53,8 @@ from opengem.model.flops import mlp_flops
 from opengem.model.heads import HeadConfig, MultiSurfaceHead, context_columns, head_context, mlp
 from opengem.model.output import ModelOutput
 from opengem.ops.cpu_autocast import to_cpu_autocast_dtype
-from opengem.ops.dot_interaction import dot_interaction, traced_kernel
+from opengem.ops.dot_interaction import dot_interaction
+from opengem.ops.kernel import inductor_kernel
 
 
 @dataclass
@@ -158,7 +159,7 @@ class DLRM(_Baseline):
             dense_out = [self.bottom(emb.dense if emb.dense is not None else batch.dense)]
             vecs = dense_out + vecs
         x = torch.stack(vecs, dim=1)  # [B, n, d]
-        pairs = dot_interaction(x, kernel=traced_kernel())  # [B, n(n-1)/2]
+        pairs = dot_interaction(x, kernel=inductor_kernel())  # [B, n(n-1)/2]
         return self.top(torch.cat([*dense_out, pairs], dim=1))
 
     def interact_flops(self, seq_len: int | None) -> int:

@@ -28,10 +28,24 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from opengem.ops.attention import masked_attention, pooled_attention, rope, rope_positions
+from opengem.ops.attention import (
+    masked_attention,
+    pooled_attention,
+    rope,
+    rope_positions,
+    rope_tables,
+    rotate,
+)
 from opengem.ops.cpu_autocast import fp32_under_cpu_autocast
 from opengem.ops.jagged import compact, ensure_nonempty, gather_last, zero_padding
-from opengem.ops.kernel import WITH_FUSED, WITH_FUSED_AND_TRITON, Kernel, resolve_kernel
+from opengem.ops.kernel import (
+    WITH_FUSED,
+    WITH_FUSED_AND_TRITON,
+    Kernel,
+    exporting_for_inductor,
+    preparing_for_inductor,
+    resolve_kernel,
+)
 from opengem.ops.linear import kernel_for, linear
 
 
@@ -87,9 +101,24 @@ class MultiHeadAttention(nn.Module):
         q = self.q(query).view(B, Lq, self.h, dh).transpose(1, 2)
         k, v = self.kv(keys).view(B, Lk, 2, self.h, dh).permute(2, 0, 3, 1, 4)
         if self.use_rope:
-            q = rope(q, torch.arange(Lq, device=q.device) if q_pos is None else q_pos, self.rope_base)
-            k = rope(k, torch.arange(Lk, device=k.device) if k_pos is None else k_pos, self.rope_base)
+            q = self._rope_arange(q) if q_pos is None else rope(q, q_pos, self.rope_base)
+            k = self._rope_arange(k) if k_pos is None else rope(k, k_pos, self.rope_base)
         return q, k, v
+
+    def _rope_arange(self, x: torch.Tensor) -> torch.Tensor:
+        """RoPE of head-major rows [B, H, L, dh] at positions 0..L-1. In a program traced for Inductor
+        the cos/sin tables are buffers made in the warm-up forward before the trace (constants of the
+        compiled program; see ``ops.fused.fused_attention.rotate`` for why); everywhere else the
+        reference computes them."""
+        L, dh = x.shape[-2:]
+        name = f"_rope_tables_{L}x{dh}"
+        if preparing_for_inductor() and not dh % 2 and not hasattr(self, name + "_cos"):
+            for part, table in zip(("_cos", "_sin"), rope_tables(L, dh, self.rope_base, x.dtype, x.device),
+                                   strict=True):
+                self.register_buffer(name + part, table, persistent=False)
+        if exporting_for_inductor() and hasattr(self, name + "_cos"):
+            return rotate(x, getattr(self, name + "_cos"), getattr(self, name + "_sin"))
+        return rope(x, torch.arange(L, device=x.device), self.rope_base)
 
     def _heads_fused(
         self, query: torch.Tensor, keys: torch.Tensor, q_pos: torch.Tensor | None, k_pos: torch.Tensor | None

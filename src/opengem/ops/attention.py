@@ -44,6 +44,20 @@ def rope(
     return pt_attention.rope(x, pos, base)
 
 
+def rope_tables(length: int, dh: int, base: float = 10000.0, dtype: torch.dtype = torch.float32,
+                device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """Full-width (cos, signed sin) [length, dh] of positions 0..length-1 for :func:`rotate` (even dh)."""
+    if dh % 2:
+        raise ValueError(f"rope_tables: the full-width tables need an even width, got {dh}")
+    return fused_attention.rope_tables(torch.arange(length, device=device), dh, base, dtype)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """:func:`rope` of rows [..., L, dh] at positions 0..L-1 given :func:`rope_tables` (L, dh): the same
+    values as ``rope(x, torch.arange(L))``, with the tables computed once instead of in the graph."""
+    return fused_attention.rotate(x, cos, sin)
+
+
 def rope_positions(x: torch.Tensor, base: float = 10000.0, *, kernel: Kernel | str = Kernel.PYTORCH
                    ) -> torch.Tensor:
     """:func:`rope` of token-major rows [..., L, H, dh] at positions 0..L-1 (right-padded: slot = position).

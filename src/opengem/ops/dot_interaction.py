@@ -3,8 +3,10 @@
 ``kernel`` (see :mod:`opengem.ops.kernel`): ``pytorch`` runs :mod:`opengem.ops.pytorch.pt_dot_interaction`
 (Gram matrix by ``bmm``, triangle gathered: the reference, and the fastest form in eager PyTorch);
 ``fused`` runs :mod:`opengem.ops.fused.fused_dot_interaction` (each vector times every later one, summed
-over d: one generated loop in an exported graph, slower in eager). :func:`traced_kernel` picks the form
-for the graph being run.
+over d: one generated loop in an exported graph, slower in eager). DLRM passes
+:func:`opengem.ops.kernel.inductor_kernel`: the fused form only in a program traced for AOTInductor (``bmm``
+is faster eager, in the uncompiled exported program, and untested against it under ``torch.compile``'s
+backward).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from opengem.ops.fused import fused_dot_interaction
-from opengem.ops.kernel import WITH_FUSED, Kernel, exporting_for_inductor, resolve_kernel
+from opengem.ops.kernel import WITH_FUSED, Kernel, resolve_kernel
 from opengem.ops.pytorch import pt_dot_interaction
 
 
@@ -24,11 +26,3 @@ def dot_interaction(x: torch.Tensor, *, kernel: Kernel | str = Kernel.PYTORCH) -
     if resolve_kernel(kernel, WITH_FUSED) is Kernel.FUSED:
         return fused_dot_interaction.dot_interaction(x)
     return pt_dot_interaction.dot_interaction(x)
-
-
-def traced_kernel() -> Kernel:
-    """``fused`` while ``torch.export`` traces a graph for Inductor (an AOTInductor package fuses it into
-    one loop: :func:`opengem.ops.kernel.export_for_inductor`), else the reference: eager training and
-    serving, and an exported program run as it is, are faster with ``bmm``. ``torch.compile`` of
-    training keeps the reference too: its backward has not been measured against ``bmm``'s."""
-    return Kernel.FUSED if exporting_for_inductor() else Kernel.PYTORCH

@@ -53,7 +53,8 @@ _FOR_INDUCTOR: contextvars.ContextVar[bool] = contextvars.ContextVar("opengem_ex
 @contextlib.contextmanager
 def export_for_inductor() -> Iterator[None]:
     """Within: a ``torch.export`` traces a graph that Inductor will compile (an AOTInductor package), so
-    an op whose fused form only pays once compiled may choose it (:func:`exporting_for_inductor`). A
+    an op whose fused form only pays once compiled may choose it (:func:`exporting_for_inductor`), after
+    an eager forward in which modules may make their constants (:func:`preparing_for_inductor`). A
     program saved to run as it is (the ``export`` backend) is traced outside, with the eager forms."""
     token = _FOR_INDUCTOR.set(True)
     try:
@@ -64,4 +65,17 @@ def export_for_inductor() -> Iterator[None]:
 
 def exporting_for_inductor() -> bool:
     """True while ``torch.export`` traces inside :func:`export_for_inductor`."""
-    return _FOR_INDUCTOR.get() and torch.compiler.is_exporting()
+    return torch.compiler.is_exporting() and _FOR_INDUCTOR.get()  # (torch.compile: False before the get)
+
+
+def preparing_for_inductor() -> bool:
+    """True in an eager forward inside :func:`export_for_inductor` (the warm-up before the trace): a
+    module makes here, as buffers, the constants its traced form will read (a buffer is a constant of the
+    compiled program; a tensor made during the trace is not, or trips AOTAutograd)."""
+    return not torch.compiler.is_compiling() and _FOR_INDUCTOR.get() and not torch.compiler.is_exporting()
+
+
+def inductor_kernel() -> Kernel:
+    """``fused`` while ``torch.export`` traces for Inductor (:func:`export_for_inductor`), else the
+    reference: for the ops whose fused form pays only in a compiled graph (they say so)."""
+    return Kernel.FUSED if exporting_for_inductor() else Kernel.PYTORCH

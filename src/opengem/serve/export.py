@@ -205,8 +205,11 @@ def export_program(model: nn.Module, schema: FeatureSchema, *,
     ``for_inductor``: the program is for :func:`compile_aoti`, so ops take their forms that pay once
     compiled (:func:`opengem.ops.kernel.export_for_inductor`; the same values)."""
     example = random_batch(schema, 8, seed=0)
+    module = serving_module(model)
     with torch.no_grad(), export_for_inductor() if for_inductor else contextlib.nullcontext():
-        return torch.export.export(serving_module(model), flat_inputs(example, schema),
+        if for_inductor:
+            module(*flat_inputs(example, schema))  # the warm-up: modules make their constants as buffers
+        return torch.export.export(module, flat_inputs(example, schema),
                                    dynamic_shapes=_dynamic_shapes(schema), strict=False)
 
 

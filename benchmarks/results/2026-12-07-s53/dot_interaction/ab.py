@@ -49,7 +49,7 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp())
     runners = {}
     variants = {
-        "bmm (reference)": mock.patch("opengem.model.baselines.traced_kernel", return_value=Kernel.PYTORCH),
+        "bmm (reference)": mock.patch("opengem.model.baselines.inductor_kernel", return_value=Kernel.PYTORCH),
         "index pairs": mock.patch("opengem.ops.fused.fused_dot_interaction.dot_interaction", index_pairs),
         "slices (fused)": contextlib.nullcontext(),
     }

@@ -38,6 +38,15 @@ def rope_tables(
     return torch.cat([cos, cos], dim=-1).to(dtype), torch.cat([-sin, sin], dim=-1).to(dtype)
 
 
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE with given full-width tables (:func:`rope_tables`), in plain ops: ``x * cos + roll(x) * sin``.
+
+    For a program traced for Inductor with the tables as module buffers (constants): traced, the
+    reference builds them from ``arange`` in the graph and Inductor fuses that into the rotation,
+    evaluating pow, cos and sin again for every element it rotates (~30 % of GEM's AOTI forward)."""
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
+
+
 def _dense_tables(pos: torch.Tensor, shape: torch.Size, base: float, dtype: torch.dtype
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """Tables materialised over every trailing dim they broadcast on (e.g. [L, 1, dh] -> [L, H, dh]).

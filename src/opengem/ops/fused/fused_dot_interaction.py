@@ -8,7 +8,7 @@ compiler fuses the n - 1 slices into one loop over the batch. On the vertical mo
 ``configs/transfer.toml`` (8 vectors of width 8) under AOTInductor: see
 ``benchmarks/results/2026-12-07-s53/dot_interaction/``. Eager PyTorch runs this form slower than the
 reference (n - 1 small products instead of one), so only exported graphs use it
-(:func:`opengem.ops.dot_interaction.traced_kernel`).
+(:func:`opengem.ops.kernel.inductor_kernel`).
 """
 
 from __future__ import annotations
