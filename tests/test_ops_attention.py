@@ -147,10 +147,11 @@ def test_rotate_with_tables_equals_rope_at_positions_0_to_L(L, dh):
     x = rand(3, H, L, dh, seed=L + dh)
     cos, sin = attention.rope_tables(L, dh, 500.0)
     assert cos.shape == sin.shape == (L, dh)
-    out, g = _grads(lambda t: attention.rotate(t, cos, sin), x)
     ref_out, ref_g = _grads(lambda t: attention.rope(t, torch.arange(L), 500.0), x)
-    _close(out, ref_out)
-    _close(g[0], ref_g[0])
+    for kernel in ("pytorch", "fused"):
+        out, g = _grads(lambda t, k=kernel: attention.rotate(t, cos, sin, kernel=k), x)
+        _close(out, ref_out)
+        _close(g[0], ref_g[0])
     with pytest.raises(ValueError, match="even width"):
         attention.rope_tables(L, 5)
 

@@ -9,6 +9,7 @@ import torch
 
 from opengem.ops import attention, jagged
 from opengem.ops.kernel import Kernel, resolve_kernel
+from opengem.ops.pytorch.pt_attention import rope_tables as pt_rope_tables
 
 # (lengths, max_len): empty rows, all-padding rows, rows cut at max_len, a batch of one, a batch of none
 CASES = [
@@ -231,6 +232,8 @@ def _sample_args() -> dict[str, tuple]:
         "attention.safe_key_mask": (mask,),
         "attention.rope": (q, torch.arange(4)),
         "attention.rope_positions": (q,),
+        "attention.rope_tables": (4, 6),
+        "attention.rotate": (torch.randn(3, 2, 4, 6), *pt_rope_tables(4, 6, 1e4, torch.float32, "cpu")),
         "attention.masked_attention": (q, q, q, mask),
         "attention.jagged_attention": (jq, jq, jq, lengths, 3),
         "attention.pooled_attention": (q[:, :, :2], q, q, mask),
@@ -273,7 +276,7 @@ def test_every_public_op_takes_kernel_and_dispatches_or_raises():
                 fn(*args[name], kernel="fused")
 
 
-FUSED_TWINS = {"attention.rope", "attention.rope_positions"}
+FUSED_TWINS = {"attention.rope", "attention.rope_positions", "attention.rotate"}
 TRITON_TWINS = {"attention.jagged_attention"}
 
 

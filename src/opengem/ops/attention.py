@@ -45,17 +45,23 @@ def rope(
 
 
 def rope_tables(length: int, dh: int, base: float = 10000.0, dtype: torch.dtype = torch.float32,
-                device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
-    """Full-width (cos, signed sin) [length, dh] of positions 0..length-1 for :func:`rotate` (even dh)."""
+                device: torch.device | str = "cpu", *, kernel: Kernel | str = Kernel.PYTORCH
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Full-width (cos, signed sin) [length, dh] of positions 0..length-1 for :func:`rotate` (even dh):
+    made once (e.g. as a module's buffers) instead of in every forward."""
+    resolve_kernel(kernel)
     if dh % 2:
         raise ValueError(f"rope_tables: the full-width tables need an even width, got {dh}")
-    return fused_attention.rope_tables(torch.arange(length, device=device), dh, base, dtype)
+    return pt_attention.rope_tables(length, dh, base, dtype, device)
 
 
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, kernel: Kernel | str = Kernel.PYTORCH
+           ) -> torch.Tensor:
     """:func:`rope` of rows [..., L, dh] at positions 0..L-1 given :func:`rope_tables` (L, dh): the same
-    values as ``rope(x, torch.arange(L))``, with the tables computed once instead of in the graph."""
-    return fused_attention.rotate(x, cos, sin)
+    values as ``rope(x, torch.arange(L))``. ``fused`` swaps the halves with ``roll`` instead of ``cat``."""
+    if resolve_kernel(kernel, WITH_FUSED) is Kernel.FUSED:
+        return fused_attention.rotate(x, cos, sin)
+    return pt_attention.rotate(x, cos, sin)
 
 
 def rope_positions(x: torch.Tensor, base: float = 10000.0, *, kernel: Kernel | str = Kernel.PYTORCH

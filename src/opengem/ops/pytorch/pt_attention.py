@@ -32,6 +32,23 @@ def rope(x: torch.Tensor, pos: torch.Tensor, base: float) -> torch.Tensor:
     return torch.cat([rotated, x[..., 2 * half :]], dim=-1) if dh % 2 else rotated
 
 
+def rope_tables(length: int, dh: int, base: float, dtype: torch.dtype, device: torch.device | str
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Full-width (cos, signed sin) [length, dh] of positions 0..length-1 (even dh): the halves' angles
+    repeated, the sine negated on the first half, so that a rotation is two products and a sum."""
+    half = dh // 2
+    freqs = base ** (-torch.arange(half, device=device, dtype=torch.float32) / half)
+    ang = torch.arange(length, device=device, dtype=torch.float32)[:, None] * freqs
+    cos, sin = ang.cos(), ang.sin()
+    return torch.cat([cos, cos], dim=-1).to(dtype), torch.cat([-sin, sin], dim=-1).to(dtype)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE with :func:`rope_tables`: ``x * cos + [x2, x1] * sin`` (halves swapped by ``cat``)."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([x[..., half:], x[..., :half]], dim=-1) * sin
+
+
 def masked_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None
 ) -> torch.Tensor:
