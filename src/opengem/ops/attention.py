@@ -52,7 +52,7 @@ def rope_tables(length: int, dh: int, base: float = 10000.0, dtype: torch.dtype 
     resolve_kernel(kernel)
     if dh % 2:
         raise ValueError(f"rope_tables: the full-width tables need an even width, got {dh}")
-    return pt_attention.rope_tables(length, dh, base, dtype, device)
+    return pt_attention.rope_tables(torch.arange(length, device=device), dh, base, dtype)
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, kernel: Kernel | str = Kernel.PYTORCH

@@ -27,20 +27,9 @@ import torch
 from opengem.ops.pytorch import pt_attention
 
 
-def rope_tables(
-    pos: torch.Tensor, dh: int, base: float, dtype: torch.dtype
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Full-width (cos, signed sin) [..., dh] for even ``dh``: rope(x) = x * cos + rotate_half(x) * sin."""
-    half = dh // 2
-    freqs = base ** (-torch.arange(half, device=pos.device, dtype=torch.float32) / half)
-    ang = pos.to(torch.float32)[..., None] * freqs
-    cos, sin = ang.cos(), ang.sin()
-    return torch.cat([cos, cos], dim=-1).to(dtype), torch.cat([-sin, sin], dim=-1).to(dtype)
-
-
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """RoPE with given full-width tables (:func:`rope_tables`): ``x * cos + roll(x, dh/2) * sin``, the
-    halves swapped by one ``roll`` instead of the reference's ``cat`` of two slices."""
+    """RoPE with given full-width tables (``pt_attention.rope_tables``): ``x * cos + roll(x, dh/2) *
+    sin``, the halves swapped by one ``roll`` instead of the reference's ``cat`` of two slices."""
     return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
 
 
@@ -51,7 +40,7 @@ def _dense_tables(pos: torch.Tensor, shape: torch.Size, base: float, dtype: torc
     A table broadcast inside the row (over heads) leaves TensorIterator a 16-wide inner loop; a dense one
     lets it fuse the trailing dims into one long vectorised loop (measured ~3x faster on the multiplies).
     """
-    cos, sin = rope_tables(pos, shape[-1], base, dtype)
+    cos, sin = pt_attention.rope_tables(pos, shape[-1], base, dtype)
     n = min(cos.dim(), len(shape))
     trailing = torch.broadcast_shapes(cos.shape[-n:], shape[-n:])
     return tuple(t.expand(*t.shape[:-n], *trailing).contiguous() for t in (cos, sin))  # type: ignore[return-value]

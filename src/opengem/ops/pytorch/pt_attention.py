@@ -32,13 +32,13 @@ def rope(x: torch.Tensor, pos: torch.Tensor, base: float) -> torch.Tensor:
     return torch.cat([rotated, x[..., 2 * half :]], dim=-1) if dh % 2 else rotated
 
 
-def rope_tables(length: int, dh: int, base: float, dtype: torch.dtype, device: torch.device | str
+def rope_tables(pos: torch.Tensor, dh: int, base: float, dtype: torch.dtype
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Full-width (cos, signed sin) [length, dh] of positions 0..length-1 (even dh): the halves' angles
-    repeated, the sine negated on the first half, so that a rotation is two products and a sum."""
+    """Full-width (cos, signed sin) [..., dh] of positions ``pos`` (even dh): the halves' angles repeated,
+    the sine negated on the first half, so that a rotation is two products and a sum (:func:`rotate`)."""
     half = dh // 2
-    freqs = base ** (-torch.arange(half, device=device, dtype=torch.float32) / half)
-    ang = torch.arange(length, device=device, dtype=torch.float32)[:, None] * freqs
+    freqs = base ** (-torch.arange(half, device=pos.device, dtype=torch.float32) / half)
+    ang = pos.to(torch.float32)[..., None] * freqs
     cos, sin = ang.cos(), ang.sin()
     return torch.cat([cos, cos], dim=-1).to(dtype), torch.cat([-sin, sin], dim=-1).to(dtype)
 
