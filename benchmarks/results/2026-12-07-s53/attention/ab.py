@@ -45,7 +45,7 @@ def main() -> None:
     x = flat_inputs(b, p.schema)
     tmp = Path(tempfile.mkdtemp())
     variants = {
-        "SDPA flash (before)": mock.patch("opengem.model.sequence.inductor_kernel",
+        "SDPA flash (before)": mock.patch("opengem.model.sequence.inductor_kernel", create=True,
                                           return_value=Kernel.PYTORCH),
         "written out (after)": contextlib.nullcontext(),
     }
