@@ -204,12 +204,12 @@ def export_program(model: nn.Module, schema: FeatureSchema, *,
     """``torch.export`` (non-strict) of the whole forward with a dynamic batch and dynamic lengths;
     ``for_inductor``: the program is for :func:`compile_aoti`, so ops take their forms that pay once
     compiled (:func:`opengem.ops.kernel.export_for_inductor`; the same values)."""
-    example = random_batch(schema, 8, seed=0)
+    inputs = flat_inputs(random_batch(schema, 8, seed=0), schema)
     module = serving_module(model)
     with torch.no_grad(), export_for_inductor() if for_inductor else contextlib.nullcontext():
         if for_inductor:
-            module(*flat_inputs(example, schema))  # the warm-up: modules make their constants as buffers
-        return torch.export.export(module, flat_inputs(example, schema),
+            module(*inputs)  # the warm-up: modules make their constants as buffers
+        return torch.export.export(module, inputs,
                                    dynamic_shapes=_dynamic_shapes(schema), strict=False)
 
 

@@ -23,7 +23,7 @@ import argparse
 import json
 import shutil
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -87,7 +87,7 @@ class TableJob:
 
 
 # --------------------------------------------------------------------------- streaming rows
-def _int_column(batch: pa.RecordBatch, name: str, file: Path, place: RowPlace, role: str) -> np.ndarray:
+def _int_column(batch: pa.RecordBatch, name: str, place: RowPlace, role: str) -> np.ndarray:
     col = batch.column(name)
     if pa.types.is_string(col.type) and col.null_count < len(col):
         try:
@@ -105,7 +105,8 @@ def _int_column(batch: pa.RecordBatch, name: str, file: Path, place: RowPlace, r
     try:
         return pc.cast(col, pa.int64()).to_numpy(zero_copy_only=False)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
-        raise AdapterError(f"{file}: column {name!r} ({role}) must be integers or timestamps: {e}") from None
+        raise AdapterError(f"{place.file}: column {name!r} ({role}) must be integers or timestamps: {e}") \
+            from None
 
 
 def stream(job: TableJob, bad: BadRows, columns: list[str] | None = None,
@@ -118,24 +119,22 @@ def stream(job: TableJob, bad: BadRows, columns: list[str] | None = None,
     for key, source in job.sources.items():
         file_split = job.split_of_source[key]
         unit = "row" if source.fmt == "parquet" else "line"
-        file_rows: dict[Path, int] = {}  # rows read of each file so far
-        headers: dict[Path, int] = {}
+        place: RowPlace | None = None  # of the chunk's first row; files are read one after another
         for path, batch in source.batches(bad, need):
-            if path not in file_rows:
-                file_rows[path], headers[path] = 0, source.header_lines(path)
-            place = RowPlace(path, file_rows[path], unit, headers[path], bad)
+            if place is None or place.file != path:
+                place = RowPlace(path, 0, unit, source.header_lines(path), bad)
             if job.derive is not None:
                 batch = job.derive(batch, path)
             batch = prepare_lists(batch, spec, path)
             n = batch.num_rows
             rows = np.arange(row0, row0 + n, dtype=np.int64)
-            ts = _int_column(batch, spec.time, path, place, "time") if spec.time else rows
-            eid = _int_column(batch, spec.example_id, path, place, "example_id") if spec.example_id else rows
+            ts = _int_column(batch, spec.time, place, "time") if spec.time else rows
+            eid = _int_column(batch, spec.example_id, place, "example_id") if spec.example_id else rows
             split = job.rule.assign(rows, ts, file_split) if job.rule.cuts or job.rule.mode != "time" \
                 else np.zeros(n, np.int8)
             yield Chunk(path, batch, rows, ts, eid, split, place)
             row0 += n
-            file_rows[path] += n
+            place = replace(place, first=place.first + n)
             if progress is not None:
                 progress.update(n)
 

@@ -147,7 +147,7 @@ class Chunk:
     ts: np.ndarray
     example_id: np.ndarray
     split: np.ndarray
-    place: RowPlace = field(default_factory=lambda: RowPlace("?"))
+    place: RowPlace
 
 
 @dataclass
