@@ -80,6 +80,14 @@ def test_merge_sequences_concatenates_groups_per_row():
     assert mask.sum(1).tolist() == [3, 3]
 
 
+def test_merge_sequences_one_group_is_typed_and_zero_padded():
+    a = torch.tensor([[1.0, 2.0, 7.0], [3.0, 9.0, 9.0]]).unsqueeze(-1)  # 9s: padding with stale values
+    ma = torch.tensor([[True, True, True], [True, False, False]])
+    values, mask = merge_sequences([(a, ma)], torch.tensor([[10.0]]))
+    assert values[..., 0].tolist() == [[11.0, 12.0, 17.0], [13.0, 0.0, 0.0]]
+    assert mask is ma
+
+
 @pytest.mark.parametrize(
     "name,cfg,extra_group",
     [

@@ -164,10 +164,13 @@ def check_sizes(cfg: GEMConfig, d: int, seq_max_len: int | None) -> None:
 def merge_sequences(
     parts: list[tuple[torch.Tensor, torch.Tensor]], type_emb: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Several right-padded groups -> one right-padded sequence (group after group) with type embeddings."""
-    values = torch.cat([zero_padding(v + type_emb[i], m) for i, (v, m) in enumerate(parts)], dim=1)
-    mask = torch.cat([m for _, m in parts], dim=1)
-    return compact(values, mask) if len(parts) > 1 else (values, mask)
+    """Several right-padded groups -> one right-padded sequence (group after group) with type embeddings.
+    One group is returned as it is typed (no ``cat``: a copy of the whole padded history, forward and in
+    backward, for nothing)."""
+    typed = [zero_padding(v + type_emb[i], m) for i, (v, m) in enumerate(parts)]
+    if len(parts) == 1:
+        return typed[0], parts[0][1]
+    return compact(torch.cat(typed, dim=1), torch.cat([m for _, m in parts], dim=1))
 
 
 class GEM(nn.Module):
