@@ -14,6 +14,7 @@ from cli_helpers import one_error_line, run_cli
 from opengem.bench import serve_bench
 from opengem.bench.report import build_report
 from opengem.errors import UsageError
+from opengem.serve import arrow_io
 from opengem.serve.server import ModelServer, ServeConfig
 from serve_helpers import FakePredictor, publish_fake_version, request
 
@@ -86,6 +87,26 @@ def test_requests_are_cycled_to_the_asked_size() -> None:
     body = json.loads(serve_bench.make_request(pool, [0, "feed"], {"user_id": 1}, 12, 1))
     assert body["surface"] == "feed" and body["context"] == {"user_id": 1}
     assert [c["ad_id"] for c in body["candidates"]] == [(12 + k) % 5 for k in range(12)]
+
+
+def test_shared_features_go_once_into_each_requests_context() -> None:
+    """``--context``: each request sends the named features once, with its first candidate's values, and
+    its candidates without them; a feature the rows lack, a repeated one or a --requests-file is refused."""
+    pool = [{"user_id": 10 + i // 4, "hist": [i, i + 1], "ad_id": i} for i in range(8)]
+    rows, surfaces, shared = serve_bench._with_shared_features((pool, ["feed"], {}), "user_id, hist", None)
+    for i, start in ((0, 0), (1, 3), (2, 6)):
+        body = json.loads(serve_bench.make_request(rows, surfaces, shared, 3, i))
+        assert body["context"] == {"user_id": 10 + start // 4, "hist": [start, start + 1]}
+        assert body["candidates"] == [{"ad_id": (start + k) % 8} for k in range(3)]
+    body = serve_bench.make_request(rows, surfaces, shared, 3, 1, "arrow")
+    decoded = arrow_io.decode_request(body, tables=True)
+    assert decoded["context"] == {"user_id": 10, "hist": [3, 4]}
+    assert decoded["candidates"].column_names == ["ad_id"]
+    for text in ("user_id,zz", "user_id,user_id", ","):
+        with pytest.raises(UsageError, match="--context"):
+            serve_bench._with_shared_features((pool, ["feed"], {}), text, None)
+    with pytest.raises(UsageError, match="--requests-file"):
+        serve_bench._with_shared_features((pool, ["feed"], {}), "user_id", "reqs.json")
 
 
 def test_arrow_bodies_are_posted_as_arrow() -> None:

@@ -154,3 +154,78 @@ def test_truncation_keeps_the_last_events_of_each_row(max_len: int) -> None:
     assert out["c"][1].tolist() == want_c.tolist()
     empty = parquet._truncate({"a": (ln[:0], v[:0])}, max_len)
     assert empty["a"][0].shape == (0,) and empty["a"][1].shape == (0,)
+
+
+USER = ("user_id", "user_interests", "hist__item", "hist__action", "hist__dt")
+
+
+def _user(u: int) -> dict:
+    """One user's context: a different id, interests and history per user (the last user's lists empty)."""
+    events = max(0, 3 - u // 9)
+    return {"user_id": u, "user_interests": [u % 7, 1][: max(0, 2 - u // 9)],
+            "hist__item": [u % 50, 4, 5][:events], "hist__action": [1, 0, 2][:events],
+            "hist__dt": [0.5, 0.25, 0.125][:events]}
+
+
+def _ads(n: int, start: int) -> dict[str, list]:
+    return {"ad_id": [start + i for i in range(n)], "ad_category": [(start + i) % 3 for i in range(n)],
+            "ad_quality": [0.25 * i for i in range(n)], "user_activity": [-1.0] * n}
+
+
+def _assert_same_batch(a, b) -> None:  # type: ignore[no-untyped-def]
+    assert a.dense.equal(b.dense) and a.surface.equal(b.surface)
+    assert a.sparse.keys() == b.sparse.keys()
+    assert a.sparse.values().equal(b.sparse.values()) and a.sparse.lengths().equal(b.sparse.lengths())
+    for name, s in a.sequences.items():
+        t = b.sequences[name]
+        assert s.lengths.equal(t.lengths)
+        assert all(s.ids[k].equal(t.ids[k]) for k in s.ids)
+        assert all(s.dense[k].equal(t.dense[k]) for k in s.dense)
+
+
+def test_context_requests_merge_and_equal_the_same_rows_sent_per_candidate(schema) -> None:  # type: ignore
+    """A ranking request (one user's context, N ads) takes the merged Arrow path, each request's context
+    broadcast to its own candidates only, and its Batch is the one of the same rows with the user's features
+    in every candidate, in Arrow or JSON, alone or merged."""
+    enc = RequestEncoder(schema)
+    users, sizes = [3, 11, 27], [4, 1, 3]  # user 27: no interests, no events
+    with_context = [{"surface": i % 3, "ts": 5 + i, "context": _user(u),
+                     "candidates": pa.table(_ads(n, 10 * i))}
+                    for i, (u, n) in enumerate(zip(users, sizes, strict=True))]
+    per_candidate = [{"surface": r["surface"], "ts": r["ts"], "candidates": pa.table(
+        {**_ads(n, 10 * i), **{k: [v] * n for k, v in _user(u).items()}})}
+        for i, (r, u, n) in enumerate(zip(with_context, users, sizes, strict=True))]
+    as_json = [{**r, "candidates": r["candidates"].to_pylist()} for r in with_context]
+    assert enc._merged_arrow(with_context) is not None
+    want, counts = enc.batch(per_candidate)
+    assert counts == sizes
+    for requests in (with_context, as_json):
+        got, got_counts = enc.batch(requests)
+        assert got_counts == sizes
+        _assert_same_batch(got, want)
+    for i in range(3):  # each alone (the one-request path) equals its slice of the merged batch
+        alone, _ = enc.batch([with_context[i]])
+        reference, _ = enc.batch([per_candidate[i]])
+        _assert_same_batch(alone, reference)
+    # contexts naming different features: the per-request path, the same rows
+    mixed = [with_context[0], {**per_candidate[1]}, with_context[2]]
+    assert enc._merged_arrow(mixed) is None
+    _assert_same_batch(enc.batch(mixed)[0], want)
+
+
+def test_bad_context_values_are_named_like_before(schema) -> None:  # type: ignore[no-untyped-def]
+    enc = RequestEncoder(schema)
+    good = {"surface": 0, "context": _user(3), "candidates": pa.table(_ads(2, 0))}
+    for feature, value, why in [("user_id", "x", "takes one integer id"),
+                                ("hist__item", [1, "a"], "takes a list of integer ids"),
+                                ("hist__dt", 0.5, "takes a list")]:
+        bad = {**good, "context": {**_user(3), feature: value}}
+        assert enc._merged_arrow([good, bad]) is None
+        with pytest.raises(BadRequest, match=rf"request 1: context: feature '{feature}' {why}"):
+            enc.batch([good, bad])
+    twice = {**good, "candidates": pa.table({**_ads(2, 0), "user_id": [1, 2]})}
+    with pytest.raises(BadRequest, match="'user_id' is in the context and in the candidates"):
+        enc.batch([twice])
+    missing = {**good, "context": {k: v for k, v in _user(3).items() if k != "hist__dt"}}
+    with pytest.raises(BadRequest, match="missing feature 'hist__dt'"):
+        enc.batch([missing])

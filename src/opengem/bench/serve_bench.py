@@ -201,11 +201,28 @@ def _raw_list(v: Any, name: str) -> list[Any]:
     return v
 
 
-def make_request(pool: list[dict[str, Any]], surfaces: list[Any], context: dict[str, Any], n: int,
-                 i: int, body_format: str = "json") -> bytes:
+@dataclass(frozen=True)
+class SharedFeatures:
+    """Features each request sends once, in its context, with the values of its first candidate row, and
+    not in its candidates (``--context``): the shape of a ranking request, one user and N ads, where the
+    pool's rows each carry their own user."""
+
+    names: tuple[str, ...]
+
+
+# (candidate rows, their surfaces, the context every request sends: fixed values, or SharedFeatures)
+Pool = tuple[list[dict[str, Any]], list[Any], dict[str, Any] | SharedFeatures]
+
+
+def make_request(pool: list[dict[str, Any]], surfaces: list[Any], context: dict[str, Any] | SharedFeatures,
+                 n: int, i: int, body_format: str = "json") -> bytes:
     """Request ``i`` of ``n`` candidates as a JSON or an Arrow IPC body (see serve/arrow_io.py)."""
     start = (i * n) % len(pool)
     cands = [pool[(start + k) % len(pool)] for k in range(n)]
+    if isinstance(context, SharedFeatures):
+        shared = set(context.names)
+        context = {k: cands[0][k] for k in context.names}
+        cands = [{k: v for k, v in c.items() if k not in shared} for c in cands]
     req: dict[str, Any] = {"surface": surfaces[i % len(surfaces)], "candidates": cands}
     if context:
         req["context"] = context
@@ -384,8 +401,7 @@ class SwapPlan:
 
 
 def run_serve_bench(model: Path, backends: list[str], candidates: list[int], clients: list[int],
-                    max_requests: int, duration_s: float, pool: tuple[list[dict[str, Any]], list[Any],
-                                                                      dict[str, Any]],
+                    max_requests: int, duration_s: float, pool: Pool,
                     swap: SwapPlan | None = None, server_args: list[str] | None = None,
                     threads: int | None = 1,
                     server_cmd: Callable[[Path, str, list[str]], list[str]] = serve_command,
@@ -417,7 +433,7 @@ def run_serve_bench(model: Path, backends: list[str], candidates: list[int], cli
 
 
 def _run_grid(model: Path, backends: list[str], candidates: list[int], clients: list[int], max_requests: int,
-              duration_s: float, pool: tuple[list[dict[str, Any]], list[Any], dict[str, Any]],
+              duration_s: float, pool: Pool,
               swap: SwapPlan | None, extra: list[str], threads: int | None,
               server_cmd: Callable[[Path, str, list[str]], list[str]], body_format: str,
               spin: bool = False) -> dict[str, Any]:
@@ -455,8 +471,8 @@ def _run_grid(model: Path, backends: list[str], candidates: list[int], clients: 
 
 
 def _swap_phase(cmd: list[str], model: Path, threads: int | None, rows: list[dict[str, Any]],
-                surfaces: list[Any], context: dict[str, Any], versions: int, n: int, clients: int,
-                cells: list[CellResult], spin: bool = False) -> dict[str, Any]:
+                surfaces: list[Any], context: dict[str, Any] | SharedFeatures, versions: int, n: int,
+                clients: int, cells: list[CellResult], spin: bool = False) -> dict[str, Any]:
     """``cmd`` serves ``model``: the same command serves a scratch run of its versions instead."""
     backend = cmd[cmd.index("--backend") + 1] if "--backend" in cmd else "?"
     with tempfile.TemporaryDirectory(prefix="opengem-swap-") as tmp:
@@ -494,7 +510,7 @@ def _timed(fn: Callable[[], Any], reps: int) -> dict[str, float]:
 
 
 def in_process_stages(model: Path, backends: list[str], candidates: list[int], merged: int, reps: int,
-                      pool: tuple[list[dict[str, Any]], list[Any], dict[str, Any]]) -> dict[str, Any]:
+                      pool: Pool) -> dict[str, Any]:
     """Each stage of a request timed inside one process, one thread (torch threads 1): the body decode
     (stdlib json, orjson, Arrow), the request -> Batch encoding (JSON objects, Arrow table), the forward
     pass, ``score_many`` of one request and of ``merged`` requests at once (what dynamic batching runs
@@ -637,6 +653,9 @@ def add_serve_arguments(sub: Any) -> None:
     s.add_argument("--max-batch-candidates", type=int, default=None, help="passed to opengem serve")
     s.add_argument("--out", default=None, help="JSON file (default: MODEL/serve_bench.json for a run folder, "
                    "else ./serve_bench.json)")
+    s.add_argument("--context", default="", metavar="FEATURES",
+                   help="comma-separated features each request sends once in its context (the values of its "
+                        "first candidate row) instead of in every candidate: one user and N ads")
     s.add_argument("--body", default="json", choices=("json", "arrow"),
                    help="request body format of the steady cells (the swap phase sends JSON)")
     s.add_argument("--no-pin", dest="pin", action="store_false",
@@ -669,6 +688,20 @@ def _int_list(flag: str, text: str) -> list[int]:
     return values
 
 
+def _with_shared_features(pool: Pool, text: str, requests_file: str | None) -> Pool:
+    """The pool with ``--context FEATURES``: each request sends those features once (see SharedFeatures)."""
+    names = tuple(x.strip() for x in text.split(",") if x.strip())
+    if requests_file:
+        raise UsageError("--context takes its values from the rows of --data; a --requests-file brings "
+                         "its own contexts")
+    rows, surfaces, _ = pool
+    unknown = [x for x in names if x not in rows[0]]
+    if unknown or not names or len(set(names)) != len(names):
+        raise UsageError(f"--context: comma-separated features of the candidate rows, each once "
+                         f"({', '.join(rows[0])}); got {text!r}")
+    return rows, surfaces, SharedFeatures(names)
+
+
 def run_serve(args: argparse.Namespace) -> int:
     """``opengem bench serve``: run the grid, write the JSON, print the table."""
     backends = _backends("--backends", args.backends)
@@ -686,6 +719,8 @@ def run_serve(args: argparse.Namespace) -> int:
     if not model.exists():
         raise UsageError(f"--model {model}: no such folder")
     pool = candidate_pool(args.data, args.requests_file, raw=takes_raw_values(model, args.data))
+    if args.context:
+        pool = _with_shared_features(pool, args.context, args.requests_file)
     if args.in_process:
         if args.merged < 1:
             raise UsageError(f"--merged: must be >= 1 (got {args.merged})")
