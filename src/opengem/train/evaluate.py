@@ -219,12 +219,21 @@ def evaluate_run(run_dir: str | Path, data_dir: str | Path | None = None, partit
         out["oracle"] = {k: (v if v == v else None) for k, v in ne.items()}
     if write:
         names = [eval_file_name(spec)]
-        if partitions is None or ds.select(cfg.data.eval) == chosen:
+        if partitions is None or _default_selection(ds, cfg.data.eval) == chosen:
             names.append("eval.json")  # the default selection: where the report and older readers look
         for name in names:
             atomic_write_text(run_dir / name, json.dumps(out, indent=2))
         out["written"] = [str(run_dir / n) for n in names]
     return out
+
+
+def _default_selection(ds: Dataset, spec: str) -> list[str] | None:
+    """The partitions the run's own ``data.eval`` selects in ``ds``, or None where it selects nothing
+    there (new rows encoded with ``convert table --encoders`` hold a test split and an empty valid one)."""
+    try:
+        return ds.select(spec)
+    except DatasetError:
+        return None
 
 
 def format_metrics(results: dict[str, dict[str, Any]], oracle: dict[str, Any] | None = None) -> str:

@@ -81,8 +81,14 @@ _READ_AS = {"double": "a number", "float": "a number", "int64": "an integer", "i
 
 
 def _first_line(path: Path) -> bytes:
-    with pa.input_stream(str(path), compression="detect") as f:
-        return f.read(1 << 16).split(b"\n", 1)[0].rstrip(b"\r")
+    """The file's first line (its header), read through its compression; a file cut short or corrupt
+    within its first 64 KiB is one AdapterError naming it."""
+    try:
+        with pa.input_stream(str(path), compression="detect") as f:
+            return f.read(1 << 16).split(b"\n", 1)[0].rstrip(b"\r")
+    except (OSError, EOFError, pa.ArrowException) as e:
+        raise AdapterError(f"{path}: cannot read its first line (cut short or corrupt?): {_one_line(e)}"
+                           ) from None
 
 
 @dataclass
