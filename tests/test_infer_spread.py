@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from dmr_layout import COLUMNS, DMR, needs_dmr, real_event_counts
+from dmr_layout import COLUMNS, DATA, DMR, needs_dmr, real_event_counts
 from opengem.cli import main as cli_main
 from opengem.data.adapters.infer import SequenceSpec, SparseSpec, infer_share, load_spec
 from opengem.data.adapters.infer_spread import find_spread
@@ -144,3 +144,36 @@ def test_the_taobao_dmr_sample_infers_its_spread_histories(tmp_path) -> None:
         for eid, cate, brand in zip(t.column("example_id").to_pylist(), t.column("cate__id").to_pylist(),
                                     t.column("cate__brand_history").to_pylist()):
             assert len(cate) == len(brand) == real[eid], eid
+
+
+def test_numbered_separate_fields_are_not_a_history() -> None:
+    """Criteo's layout: counts I1..I13 and categorical fields C1..C26, each its own feature. Their cells are
+    empty here and there inside a row, and the C fields' values come from separate vocabularies, so no
+    history is proposed; the same columns with each row's values in one run of columns and shared values
+    (a history, shorter ones padded at the end) are one."""
+    rng = np.random.default_rng(0)
+    rows, n = 200, 8
+    counts = rng.integers(0, 50, (rows, n)).astype(str).astype(object)
+    counts[rng.random((rows, n)) < 0.3] = ""  # missing counts, anywhere in the row
+    fields = np.array([[f"{k:02d}{rng.integers(1 << 30):08x}" for k in range(n)] for _ in range(rows)])
+    cols = {f"I{k + 1}": counts[:, k].tolist() for k in range(n)}
+    cols |= {f"C{k + 1}": fields[:, k].tolist() for k in range(n)}
+    lengths = rng.integers(0, n + 1, rows)
+    items = rng.integers(1, 400, (rows, n))
+    cols |= {f"h{k + 1}": [str(items[r, k]) if k < lengths[r] else "" for r in range(rows)] for k in range(n)}
+    table = pa.table({k: pa.array(v, pa.string()) for k, v in cols.items()})
+    found = {name: columns for name, columns, _ in find_spread(table.schema, table.to_batches()[0], set())}
+    assert found == {"h": [f"h{k + 1}" for k in range(n)]}
+
+
+CRITEO = DATA / "criteo_kaggle_head" / "dev.tsv"
+
+
+@pytest.mark.skipif(not CRITEO.exists(), reason=f"real data not found at {CRITEO} (set $OPENGEM_DATA or "
+                                                 "provide ../shared/data)")
+def test_the_criteo_head_infers_no_history(tmp_path) -> None:
+    names = ["label", *(f"I{k}" for k in range(1, 14)), *(f"C{k}" for k in range(1, 27))]
+    assert cli_main(["convert", "table", "--src", str(CRITEO), "--columns", ",".join(names), "--label",
+                     "label", "--infer-schema", "--split", "random", "--out", str(tmp_path / "c")]) == 0
+    spec = load_spec(tmp_path / "c.import.toml")
+    assert spec.sequence == [] and {s.name for s in spec.sparse} >= {f"C{k}" for k in range(1, 27)}

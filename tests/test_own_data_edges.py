@@ -1,14 +1,25 @@
-"""Own data at its edges (issue 15's promise, found by a session-54 bug hunt): a compressed source cut
-short in its header is one line naming the file; new rows encoded with ``convert table --encoders`` (a test
-split and an empty valid one) are evaluated with ``--partitions @test``."""
+"""Own data at its edges (found by a session-54 bug hunt): a compressed source cut short in its header is
+one line naming the file; new rows encoded with ``convert table --encoders`` (a test split and an empty
+valid one) are evaluated with ``--partitions @test``; an import spec's values have their declared types
+(``hash = "no"`` is not true) and embedding widths a bound, named with the file and key; a served request's
+integer surface that is also another surface's name is refused, not scored on the wrong surface."""
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
+import re
 from pathlib import Path
 
+import pytest
+
 from cli_helpers import one_error_line, run_cli
+from opengem.data.adapters.infer import load_spec
+from opengem.data.schema import FeatureSchema, SchemaError
+from opengem.serve.encode import RequestEncoder
+from opengem.serve.errors import BadRequest
+from serve_helpers import hashed_tiny_schema
 from test_readme_own_data import write_clicks
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,3 +53,100 @@ def test_new_rows_through_the_encoders_are_evaluated_on_their_test_split(tmp_pat
     assert out["rows"] == 300 and out["partitions"] == ["test"]
     after = (run / "eval.json").read_text() if (run / "eval.json").exists() else None
     assert after == before  # the run's own default evaluation is not overwritten by other data's test split
+
+
+SPEC = """name = "g"
+labels = ["click"]
+time = "ts"
+
+[[sparse]]
+name = "user"
+
+[[sparse]]
+name = "ad"
+{extra}
+"""
+
+
+@pytest.mark.parametrize("extra,why", [
+    ('hash = "no"', r"sparse\[1\]\.hash: expected true/false, got 'no'"),
+    ("multi_valued = 1", r"sparse\[1\]\.multi_valued: expected true/false, got 1"),
+    ("dim = -3", r"sparse\[1\]\.dim: 0 \(chosen from the vocabulary size\) or an embedding width up to 8192"),
+    ("dim = 100000000000", r"sparse\[1\]\.dim: .* got 100000000000"),
+    ("vocab = -1", r"sparse\[1\]\.vocab: 0 \(fitted\) or the ids' range, got -1"),
+    ("name = 5", r"sparse\[1\]\.name: expected a string, got 5"),
+])
+def test_an_import_spec_value_of_the_wrong_type_or_size_names_file_and_key(tmp_path: Path, extra: str,
+                                                                             why: str) -> None:
+    path = tmp_path / "g.import.toml"
+    path.write_text(SPEC.format(extra=extra).replace('name = "ad"\nname = 5', "name = 5"))
+    with pytest.raises(SchemaError, match=why) as e:
+        load_spec(path)
+    assert str(e.value).startswith(str(path)), e.value
+
+
+def test_a_schema_embedding_width_past_the_bound_is_refused_by_key(tmp_path: Path) -> None:
+    text = (ROOT / "configs" / "schemas" / "tiny.toml").read_text()
+    path = tmp_path / "wide.toml"
+    path.write_text(text.replace("dim = 8", "dim = 100000000000", 1))
+    with pytest.raises(SchemaError, match=r"dim: an embedding width in \[1, 8192\], got 100000000000"):
+        FeatureSchema.load(path)
+
+
+def test_an_integer_surface_that_is_also_a_surface_name_elsewhere_is_refused() -> None:
+    """Surfaces named by numbers (a log's slot column holding 1 and 2): a client replaying the logged value
+    as a JSON number must not silently get another surface's score."""
+    base = hashed_tiny_schema()
+    numbered = RequestEncoder(dataclasses.replace(base, surfaces=("1", "2")))
+    with pytest.raises(BadRequest, match=r"surface 1 is ambiguous: .* send the name as a string \('1'\)"):
+        numbered.surface_index(1)
+    with pytest.raises(BadRequest, match="surface 2 is ambiguous"):
+        numbered.surface_index(2)
+    assert numbered.surface_index("1") == 0 and numbered.surface_index("2") == 1
+    assert numbered.surface_index(0) == 0  # no surface is named "0": an index
+    same = RequestEncoder(dataclasses.replace(base, surfaces=("0", "1")))  # names and indices agree
+    assert same.surface_index(1) == 1 and same.surface_index("1") == 1
+
+
+@pytest.mark.parametrize("header,rows,why", [
+    ("ts,user,ad,click", ["2023-11-14 22:13:20,u1,5,0", "2023-11-14 22:14:20,u2,6,1",
+                          "2023-13-45 99:00:00,u1,5,0", "2023-11-14 22:16:20,u3,7,1"],
+     r"line 4, column 'ts' \(time\): '2023-13-45 99:00:00' is not a date-time such as"),
+    ("ts,user,ad,click", ["1700000000,u1,5,0", "1700000060,u2,6,1", "yesterday,u1,5,0", "1700000180,u3,7,1"],
+     r"line 4, column 'ts' \(time\): 'yesterday' is not an integer"),
+    ("ts,user,ad,price,click", ["1,u1,5,1.0,0", "2,u2,6,2.0,1", "3,u1,5,1e200,0", "4,u3,7,3.0,1"],
+     r"line 4, column 'price' \(dense\): 1e\+200 is past the range of the float32 values"),
+])
+def test_a_bad_time_or_a_dense_value_past_float32_is_named_by_its_line(tmp_path: Path, capsys, header: str,
+                                                                       rows: list[str], why: str) -> None:
+    src = tmp_path / "b.csv"
+    src.write_text("\n".join([header, *rows]) + "\n")
+    rc, err = run_cli(capsys, ["convert", "table", "--src", str(src), "--label", "click", "--infer-schema",
+                               "--time", "ts", "--split", "random", "--out", str(tmp_path / "d")])
+    err = "\n".join(x for x in err.splitlines() if not x.startswith("convert table: "))
+    line = one_error_line(err, "convert")
+    assert rc == 1 and re.search(rf"b\.csv: {why}", line), line
+
+
+def test_an_id_past_a_declared_vocab_is_named_by_its_line(tmp_path: Path, capsys) -> None:  # type: ignore
+    src = tmp_path / "v.csv"
+    src.write_text("ts,user,ad,click\n1,u1,1,0\n2,u2,2,1\n3,u1,24,0\n4,u3,3,1\n")
+    spec = tmp_path / "v.import.toml"
+    spec.write_text('name = "v"\nlabels = ["click"]\ntime = "ts"\n\n[[sparse]]\nname = "user"\n\n'
+                    '[[sparse]]\nname = "ad"\nvocab = 5\n')
+    rc, err = run_cli(capsys, ["convert", "table", "--src", str(src), "--schema", str(spec), "--split",
+                               "random", "--out", str(tmp_path / "d")])
+    line = one_error_line(err, "convert")
+    assert rc == 1 and "v.csv: line 4, column 'ad': id 24 outside the declared vocab [0, 5)" in line, line
+
+
+def test_a_wrong_label_writes_no_inferred_spec(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """The run fails before the spec is written, so the corrected command needs no --force."""
+    src = tmp_path / "l.csv"
+    src.write_text("ts,user,ad,click\n1,u1,5,0\n2,u2,6,1\n3,u1,5,0\n4,u3,7,1\n")
+    argv = ["convert", "table", "--src", str(src), "--infer-schema", "--time", "ts", "--split", "random",
+            "--out", str(tmp_path / "d")]
+    rc, err = run_cli(capsys, [*argv, "--label", "clik"])
+    assert rc == 1 and "missing your column(s) clik (label)" in one_error_line(err, "convert")
+    assert not (tmp_path / "d.import.toml").exists()
+    assert run_cli(capsys, [*argv, "--label", "click"])[0] == 0

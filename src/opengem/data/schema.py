@@ -298,6 +298,16 @@ def _check_positive(value: int, where: str, allow_zero: bool = False) -> None:
         raise SchemaError(f"{where}: must be {'>= 0' if allow_zero else '> 0'}, got {value}")
 
 
+# The widest embedding row a schema may ask for: a table of 1,000 rows this wide is already 32 MiB; a dim past
+# it is a typo (1e11 made training fail inside the allocator), not a model.
+MAX_EMBEDDING_DIM = 8192
+
+
+def _check_dim(value: int, where: str) -> None:
+    if not 0 < value <= MAX_EMBEDDING_DIM:
+        raise SchemaError(f"{where}: an embedding width in [1, {MAX_EMBEDDING_DIM}], got {value}")
+
+
 def _parse_schema(d: dict[str, Any], src: str) -> FeatureSchema:
     top = _take(
         d,
@@ -340,7 +350,7 @@ def _parse_schema(d: dict[str, Any], src: str) -> FeatureSchema:
                       "multi_valued": bool, "table": str, "on_oov": str}, where, ("name", "vocab"))
         claim(s["name"], where)
         _check_positive(s["vocab"], f"{where}.vocab")
-        _check_positive(s.get("dim", 16), f"{where}.dim")
+        _check_dim(s.get("dim", 16), f"{where}.dim")
         _check_choice(s.get("pooling", "sum"), POOLINGS, f"{where}.pooling")
         s.setdefault("on_oov", default_oov)
         _check_choice(s["on_oov"], OOV_POLICIES, f"{where}.on_oov")
@@ -381,7 +391,7 @@ def _parse_schema(d: dict[str, Any], src: str) -> FeatureSchema:
                 if "vocab" not in f:
                     raise SchemaError(f"{fwhere}: missing required key 'vocab' for an id field")
                 _check_positive(f["vocab"], f"{fwhere}.vocab")
-            _check_positive(f.get("dim", 16), f"{fwhere}.dim")
+            _check_dim(f.get("dim", 16), f"{fwhere}.dim")
             f.setdefault("on_oov", default_oov)
             f.setdefault("on_nan", default_nan)
             _check_choice(f["on_oov"], OOV_POLICIES, f"{fwhere}.on_oov")

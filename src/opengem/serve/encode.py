@@ -220,6 +220,12 @@ class RequestEncoder:
                 raise BadRequest(f"surface {value!r} is not one of {', '.join(surfaces)}")
             return surfaces.index(value)
         if _is_int(value):
+            # surfaces named by numbers (a log's slot column, 1 and 2): the number a client replays from
+            # the log is a name, which as an index would silently score another surface
+            name = str(int(value))
+            if name in surfaces and surfaces.index(name) != int(value):
+                raise BadRequest(f"surface {value} is ambiguous: the surfaces are named "
+                                 f"{', '.join(map(repr, surfaces))}; send the name as a string ({name!r})")
             if not 0 <= int(value) < len(surfaces):
                 raise BadRequest(f"surface {value} is out of range [0, {len(surfaces)})")
             return int(value)

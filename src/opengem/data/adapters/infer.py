@@ -34,11 +34,12 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from opengem.config import ConfigError, from_dict
 from opengem.data.adapters.infer_group import infer_groups
 from opengem.data.adapters.infer_spread import find_spread
 from opengem.data.adapters.labels import LabelRule, LabelSyntaxError, parse_label, parse_labels
 from opengem.data.adapters.vocab import gather_columns, split_cells
-from opengem.data.schema import SchemaError, dumps_toml, read_toml
+from opengem.data.schema import MAX_EMBEDDING_DIM, SchemaError, dumps_toml, read_toml
 from opengem.errors import unknown_key
 
 TRANSFORMS = ("standardize", "log1p", "none")
@@ -174,10 +175,10 @@ def spec_from_dict(d: dict[str, Any], where: str) -> ImportSpec:
             item = _only(item, set(cls.__dataclass_fields__), w)
             if "name" not in item:
                 raise SchemaError(f"{w}: missing required key 'name'")
-            try:
-                items.append(cls(**item))
-            except TypeError as e:
-                raise SchemaError(f"{w}: {e}") from None
+            try:  # each key's declared type: `hash = "no"` is not true
+                items.append(from_dict(cls, item, w))
+            except ConfigError as e:
+                raise SchemaError(str(e)) from None
         lists[key] = items
     spec = ImportSpec(**{**{k: v for k, v in top.items() if k not in kinds}, **lists})
     check_spec(spec, where)
@@ -214,6 +215,14 @@ def check_spec(spec: ImportSpec, where: str) -> None:
         if d.transform not in TRANSFORMS:
             raise SchemaError(f"{where}: dense[{i}].transform: {d.transform!r} is not one of "
                               f"{', '.join(TRANSFORMS)}")
+    for key, items in (("sparse", spec.sparse), ("sequence", spec.sequence)):
+        for i, item in enumerate(items):
+            if not 0 <= item.dim <= MAX_EMBEDDING_DIM:
+                raise SchemaError(f"{where}: {key}[{i}].dim: 0 (chosen from the vocabulary size) or an "
+                                  f"embedding width up to {MAX_EMBEDDING_DIM}, got {item.dim}")
+    for i, s in enumerate(spec.sparse):
+        if s.vocab < 0:
+            raise SchemaError(f"{where}: sparse[{i}].vocab: 0 (fitted) or the ids' range, got {s.vocab}")
     sparse_names = {s.name for s in spec.sparse}
     heads = {q.name for q in spec.sequence if not q.group}
     for i, q in enumerate(spec.sequence):

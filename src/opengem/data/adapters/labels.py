@@ -26,7 +26,8 @@ OPS: dict[str, Callable[[np.ndarray, float], np.ndarray]] = {
     ">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt, "==": operator.eq,
     "!=": operator.ne,
 }
-GRAMMAR = "COL (a 0/1 column) or NAME=COL OP NUMBER with OP one of >=, >, <=, <, ==, != (e.g. like=rating>=4)"
+GRAMMAR = ("COL (a 0/1 column) or NAME=COL OP NUMBER with OP one of >=, >, <=, <, ==, != "
+           "(e.g. 'like=rating>=4', quoted in a shell)")
 _DERIVED = re.compile(r"^(?:(?P<name>[^=<>!]+?)\s*=(?!=))?\s*(?P<col>[^=<>!]+?)\s*"
                       r"(?P<op>>=|<=|==|!=|>|<)\s*(?P<num>\S+)$")
 _PLAIN = re.compile(r"^[^=<>!,]+$")

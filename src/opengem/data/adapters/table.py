@@ -105,8 +105,44 @@ def _int_column(batch: pa.RecordBatch, name: str, place: RowPlace, role: str) ->
     try:
         return pc.cast(col, pa.int64()).to_numpy(zero_copy_only=False)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
-        raise AdapterError(f"{place.file}: column {name!r} ({role}) must be integers or timestamps: {e}") \
-            from None
+        bad = _first_not_a_time(col)
+        if bad is None:
+            raise AdapterError(f"{place.file}: column {name!r} ({role}) must be integers or timestamps: "
+                               f"{e}") from None
+        j, kind = bad
+        raise AdapterError(f"{place(j)}, column {name!r} ({role}): {col[j].as_py()!r} is not {kind} (the "
+                           "column's first value is)") from None
+
+
+def _first_not_a_time(col: pa.Array) -> tuple[int, str] | None:
+    """The row of the first cell that does not read as the column's first value does (an integer or an ISO
+    date-time), and what it should be: a bad cell is then named by its line, not by Arrow's message about
+    some other value. Only called once the whole column failed to convert: no cost on good data."""
+    if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
+        return None
+
+    def as_int(v: str) -> bool:
+        try:
+            int(v)
+            return True
+        except ValueError:
+            return False
+
+    def as_time(v: str) -> bool:
+        try:
+            pa.scalar(v).cast(pa.timestamp("s"))
+            return True
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            return False
+
+    values = col.to_pylist()
+    first = next((v for v in values if v is not None), None)
+    if first is None:
+        return None
+    ok, kind = ((as_int, "an integer") if as_int(first)
+                else (as_time, "a date-time such as 2023-11-14 22:13:20"))
+    j = next((j for j, v in enumerate(values) if v is not None and not ok(v)), None)
+    return None if j is None else (j, kind)
 
 
 def stream(job: TableJob, bad: BadRows, columns: list[str] | None = None,

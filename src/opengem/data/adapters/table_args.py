@@ -22,7 +22,8 @@ def table_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("convert table (your own data)")
     g.add_argument("--format", choices=FORMATS, help="table: source format")
     g.add_argument("--label", help="table: label(s), comma-separated: COL (0/1, empty = not observed) or "
-                                   "NAME=COL OP NUMBER, OP one of >= > <= < == != (e.g. like=rating>=4)")
+                                   "NAME=COL OP NUMBER, OP one of >= > <= < == != "
+                                   "(e.g. 'like=rating>=4', quoted)")
     g.add_argument("--schema", help="table: import spec TOML (as written by --infer-schema)")
     g.add_argument("--infer-schema", action="store_true",
                    help="table: infer the import spec from the source's column types and write it to "

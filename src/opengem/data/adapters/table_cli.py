@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from opengem.data.adapters.common import bad_rows_line
-from opengem.data.adapters.table import convert_table, job_from_args
+from opengem.data.adapters.table import check_columns, convert_table, job_from_args
 from opengem.data.adapters.table_apply import apply_encoders, apply_job_from_args
 from opengem.data.commit import check_target
 from opengem.errors import UsageError
@@ -29,6 +29,7 @@ def run(args: argparse.Namespace) -> int:
         if path.exists() and not args.force:
             raise UsageError(f"{path}: an import spec is already there (perhaps edited): re-run with "
                              f"--schema {path} to use it, or add --force to overwrite it")
+        check_columns(job)  # a --label or --time the source lacks: no spec written, so no --force to re-run
         path.parent.mkdir(parents=True, exist_ok=True)  # the spec sits next to --out, whose parent may be new
         job.spec.save(path)
         job.spec_path = str(path)

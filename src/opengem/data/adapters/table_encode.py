@@ -24,6 +24,7 @@ from opengem.data.adapters.vocab import (
     CategoryCounter,
     CategoryVocab,
     DenseStats,
+    IdOutOfRange,
     categorical_key,
     gather_columns,
     split_cells,
@@ -37,6 +38,25 @@ MAX_SURFACES = 64
 
 def _floats(col: pa.Array) -> np.ndarray:
     return pc.cast(col, pa.float64()).to_numpy(zero_copy_only=False).astype(np.float64)
+
+
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def _check_float32_range(chunk: Chunk, name: str) -> None:
+    """A dense cell past float32's range (the canonical column's type: it would be stored as inf, and its
+    square overflowed the statistics' float64 sums past 1.3e154) is one line naming its place."""
+    col = chunk.batch.column(name)
+    x = _floats(col) if not pa.types.is_floating(col.type) or col.type.bit_width > 32 else None
+    if x is None:
+        return
+    with np.errstate(invalid="ignore"):
+        big = np.abs(x) > FLOAT32_MAX
+    big &= np.isfinite(x)
+    if big.any():
+        j = int(np.flatnonzero(big)[0])
+        raise AdapterError(f"{chunk.place(j)}, column {name!r} (dense): {x[j]:g} is past the range of the "
+                           f"float32 values a dense feature is stored as (|x| <= {FLOAT32_MAX:.3g})")
 
 
 def tail_lists(arr: pa.ListArray, max_len: int) -> pa.ListArray:
@@ -177,10 +197,7 @@ class Encoders:
         else:
             cols["surface"] = np.zeros(n, np.int32)
         for s in self.spec.sparse:
-            try:
-                cols[s.name] = self.vocabs[s.name].encode(b.column(s.name))
-            except AdapterError as e:
-                raise AdapterError(f"{chunk.file}: {e}") from None
+            cols[s.name] = _encoded(self.vocabs[s.name], b.column(s.name), chunk)
         for d in self.spec.dense:
             x = _floats(b.column(d.name))
             missing = ~np.isfinite(x)
@@ -197,7 +214,7 @@ class Encoders:
         heads = {q.name: q for q in self.spec.sequence if not q.group}
         lengths: dict[str, np.ndarray] = {}
         for q in sorted(self.spec.sequence, key=lambda q: bool(q.group)):  # each group's first field first
-            ids = self.vocabs[q.name].encode(b.column(q.name))
+            ids = _encoded(self.vocabs[q.name], b.column(q.name), chunk)
             n_events = np.diff(ids.offsets.to_numpy())
             if q.group:
                 _check_aligned(n_events, lengths[q.group], q, chunk)
@@ -208,6 +225,16 @@ class Encoders:
             y = rule.apply(_floats(b.column(rule.column))).astype(np.float32)
             cols[rule.name] = pa.array(y, mask=np.isnan(y))  # not observed: null, as the contract has it
         return pa.table({f.name: cols[f.name] for f in _arrow_fields(schema)})
+
+
+def _encoded(vocab: CategoryVocab, col: pa.Array, chunk: Chunk) -> pa.Array:
+    """``vocab.encode(col)``; a refused id is named by its row's place in the source."""
+    try:
+        return vocab.encode(col)
+    except IdOutOfRange as e:
+        raise AdapterError(f"{chunk.place(e.row)}, {e}") from None
+    except AdapterError as e:
+        raise AdapterError(f"{chunk.file}: {e}") from None
 
 
 def _check_aligned(n_events: np.ndarray, n_group: np.ndarray, q: SequenceSpec, chunk: Chunk) -> None:
@@ -281,6 +308,8 @@ def fit_encoders(
             if len(surfaces) > MAX_SURFACES:
                 raise AdapterError(f"{chunk.file}: column {spec.surface!r} (surface) has more than "
                                    f"{MAX_SURFACES} distinct values: a surface is a placement, not an id")
+        for d in spec.dense:
+            _check_float32_range(chunk, d.name)
         train = chunk.split == 0
         if not train.any():
             continue

@@ -203,8 +203,12 @@ class CategoryVocab:
         if not (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type)):
             return pa.array(self.encode_flat(arr), pa.int64())
         arr = pc.fill_null(arr, pa.scalar([], arr.type))
-        ids = self.encode_flat(pc.list_flatten(arr))
         offsets = pc.subtract(arr.offsets, arr.offsets[0])
+        try:
+            ids = self.encode_flat(pc.list_flatten(arr))
+        except IdOutOfRange as e:  # the value's index -> its row
+            row = int(np.searchsorted(offsets.to_numpy(zero_copy_only=False)[1:], e.row, side="right"))
+            raise IdOutOfRange(str(e), row) from None
         return pa.ListArray.from_arrays(pc.cast(offsets, pa.int32()), pa.array(ids, pa.int64()))
 
     def _fixed(self, arr: pa.Array) -> np.ndarray:
@@ -215,8 +219,9 @@ class CategoryVocab:
                                f"but holds non-integers: {e}") from None
         bad = (ids < 0) | (ids >= self.size)
         if bad.any():
-            raise AdapterError(f"column {self.name!r}: id {int(ids[bad][0])} outside the declared "
-                               f"vocab [0, {self.size})")
+            j = int(np.flatnonzero(bad)[0])
+            raise IdOutOfRange(f"column {self.name!r}: id {int(ids[j])} outside the declared vocab "
+                               f"[0, {self.size})", j)
         return ids.astype(np.int64)
 
     def _hash(self, vals: pa.Array) -> np.ndarray:
@@ -234,6 +239,14 @@ class CategoryVocab:
             h = splitmix64(np.asarray(uniq, np.uint64))[enc.indices.to_numpy(zero_copy_only=False)]
         out[valid] = (h[valid] % buckets).astype(np.int64) + 1
         return out
+
+
+class IdOutOfRange(AdapterError):
+    """An id outside a declared vocabulary, with the row (of the column encoded) that holds it."""
+
+    def __init__(self, message: str, row: int) -> None:
+        super().__init__(message)
+        self.row = row
 
 
 @dataclass
