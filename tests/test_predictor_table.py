@@ -103,12 +103,15 @@ def test_raw_source_rows_equal_the_converted_rows(converted):
 def test_raw_values_of_the_wrong_kind_are_bad_requests(converted):
     src, ds, _, p, _ = converted
     row = {k: src[k][0].as_py() for k in ("user", "ad", "price", "hist")}
-    for key, value in (("price", "cheap"), ("user", 1.5), ("hist", "abc"), ("ad", None), ("hist", [1.5])):
+    for key, value in (("price", "cheap"), ("user", 1.5), ("hist", "abc"), ("ad", True), ("hist", [1.5])):
         with pytest.raises(BadRequest) as e:
             p.score({"surface": "feed", "candidates": [{**row, key: value}]})
         assert "\n" not in str(e.value)
     unseen = p.score({"surface": "feed", "candidates": [{**row, "user": "never-seen"}, {**row, "user": 123}]})
     assert unseen["scores"]["click"][0] == unseen["scores"]["click"][1]  # both out of vocabulary: id 0
+    # a missing categorical: null (a Parquet row replayed as it is) scores as an empty cell and as unseen
+    missing = p.score({"surface": "feed", "candidates": [{**row, "user": None}, {**row, "user": ""}]})
+    assert missing["scores"]["click"] == [unseen["scores"]["click"][0]] * 2
 
 
 def test_joined_history_cells_served_as_lists_equal_the_converted_rows(tmp_path):

@@ -90,6 +90,8 @@ def _is_cat(v: Any) -> bool:
 def _check_value(col: _Column, v: Any, where: str) -> Any:
     """The value if it has the column's type, else a BadRequest naming the feature."""
     if col.kind == "cat":
+        if v is None:
+            return ""  # missing, as an empty cell (the importer's null: the out-of-vocabulary row)
         if not _is_cat(v):
             raise BadRequest(f"{where}: feature {col.name!r} takes one id or string, got {type(v).__name__}")
         return v
