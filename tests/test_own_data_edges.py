@@ -150,3 +150,29 @@ def test_a_wrong_label_writes_no_inferred_spec(tmp_path: Path, capsys) -> None: 
     assert rc == 1 and "missing your column(s) clik (label)" in one_error_line(err, "convert")
     assert not (tmp_path / "d.import.toml").exists()
     assert run_cli(capsys, [*argv, "--label", "click"])[0] == 0
+
+
+def test_a_header_only_source_says_it_has_no_rows(tmp_path: Path, capsys) -> None:  # type: ignore
+    src = tmp_path / "h.csv"
+    src.write_text("ts,user,click\n")
+    for split in ("random", "time"):
+        rc, err = run_cli(capsys, ["convert", "table", "--src", str(src), "--label", "click",
+                                   "--infer-schema", "--time", "ts", "--split", split,
+                                   "--out", str(tmp_path / f"d{split}")])
+        err = "\n".join(x for x in err.splitlines() if not x.startswith("convert table: "))
+        assert rc == 1 and "h.csv: no data rows" in one_error_line(err, "convert")
+
+
+def test_a_served_dense_value_past_float32_is_named_as_sent() -> None:
+    enc = RequestEncoder(hashed_tiny_schema())
+    row = {"user_id": 7, "ad_id": 3, "ad_category": 1, "user_interests": [1, 2], "ad_quality": 0.5,
+           "user_activity": -1.0, "hist__item": [4, 5], "hist__action": [0, 1], "hist__dt": [0.1, 0.2]}
+    for value in (1e308, -3e39):
+        shown = re.escape(f"{value:g}")
+        with pytest.raises(BadRequest, match=rf"candidate 1: feature 'ad_quality': {shown} is past the"):
+            enc.batch([{"surface": 0, "candidates": [row, {**row, "ad_quality": value}]}])
+        with pytest.raises(BadRequest, match=rf"context: feature 'ad_quality': {shown} is past the"):
+            enc.batch([{"surface": 0, "context": {"ad_quality": value},
+                        "candidates": [{k: v for k, v in row.items() if k != "ad_quality"}]}])
+    batch, _ = enc.batch([{"surface": 0, "candidates": [{**row, "ad_quality": 3e38}]}])  # in range
+    assert batch.dense.isfinite().all()

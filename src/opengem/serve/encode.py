@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 import numbers
 import operator
 import time
@@ -30,6 +31,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from opengem.data.adapters.common import AdapterError
 from opengem.data.adapters.table_encode import Encoders
@@ -98,7 +100,7 @@ def _check_value(col: _Column, v: Any, where: str) -> Any:
     if col.kind == "num":
         if v is not None and not _is_number(v):
             raise BadRequest(f"{where}: feature {col.name!r} takes a number or null, got {type(v).__name__}")
-        return v
+        return v if v is None else _in_float32_range(col, v, where)
     if col.kind == "id":
         if not _is_int(v):
             raise BadRequest(f"{where}: feature {col.name!r} takes one integer id, got {type(v).__name__}")
@@ -106,7 +108,7 @@ def _check_value(col: _Column, v: Any, where: str) -> Any:
     if col.kind == "float":
         if not _is_number(v):
             raise BadRequest(f"{where}: feature {col.name!r} takes a number, got {type(v).__name__}")
-        return float(v)
+        return _in_float32_range(col, float(v), where)
     if col.separator and isinstance(v, str):
         return v  # raw_batch splits it as the importer does
     if not isinstance(v, (list, tuple)):
@@ -121,6 +123,18 @@ def _check_value(col: _Column, v: Any, where: str) -> Any:
     if col.kind == "cats":
         return list(v)
     return [int(x) for x in v] if col.kind == "ids" else [float(x) for x in v]
+
+
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def _in_float32_range(col: _Column, v: Any, where: str) -> Any:
+    """A finite number past float32's range (a dense feature's type) would become inf and be refused as
+    "value inf": named as sent instead. NaN and inf stay what the schema's policy makes of them."""
+    if math.isfinite(v) and abs(v) > _FLOAT32_MAX:
+        raise BadRequest(f"{where}: feature {col.name!r}: {v:g} is past the range of float32 "
+                         f"(|x| <= {_FLOAT32_MAX:.3g}), the type a dense feature is stored as")
+    return v
 
 
 # Raw source values (``opengem convert table`` data): the Python types each kind may have. A column passes
@@ -159,8 +173,8 @@ def fast_column(kind: str, values: Sequence[Any]) -> pa.Array | None:
             if arr.null_count:
                 return None
             if arr.type == _INT64:
-                return arr if kind == "id" else arr.cast(_FLOAT32, safe=False)
-            return arr.cast(_FLOAT32, safe=False) if kind == "float" and arr.type == _DOUBLE else None
+                return arr if kind == "id" else _finite_float32(arr)
+            return _finite_float32(arr) if kind == "float" and arr.type == _DOUBLE else None
         if kind == "ids" or kind == "floats":
             if not set(map(type, values)) <= _LIST_TYPES:
                 return None
@@ -181,6 +195,14 @@ def fast_column(kind: str, values: Sequence[Any]) -> pa.Array | None:
     except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError, ValueError):
         return None
     return None
+
+
+def _finite_float32(arr: pa.Array) -> pa.Array | None:
+    """``arr`` as float32; None (the slow path then names the candidate) where a finite value overflows."""
+    out = arr.cast(_FLOAT32, safe=False)
+    if pc.any(pc.is_inf(out)).as_py() and not pc.any(pc.is_inf(arr.cast(_DOUBLE))).as_py():
+        return None
+    return out
 
 
 class RequestEncoder:

@@ -323,6 +323,11 @@ def convert_table(job: TableJob, out: str | Path, force: bool = False) -> dict[s
     check_columns(job)
     bad = BadRows()
     enc, counts = fit(job, bad)
+    if sum(enc.split_rows) == 0:
+        files = [str(f) for src in job.sources.values() for f in src.files]
+        skipped = f" ({bad.total} skipped as malformed)" if bad.total else ""
+        raise AdapterError(f"{', '.join(files[:3])}{' ...' if len(files) > 3 else ''}: no data rows"
+                           f"{skipped}: nothing to convert (a header only?)")
     if enc.split_rows[TRAIN] == 0:
         raise AdapterError(f"{job.spec.name}: the train split is empty ({job.rule.describe()})")
     schema = output_schema(job, enc)
