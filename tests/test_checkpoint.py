@@ -55,6 +55,22 @@ def test_resume_in_process_is_exact(tmp_path, data):
     assert_same_params(tmp_path / "full", tmp_path / "part")
 
 
+def test_resume_at_an_epoch_boundary_goes_on_into_the_next_epoch(tmp_path, data):
+    """A checkpoint taken on an epoch's last step (its loader position: the epoch's end) resumes into the
+    next epoch, exactly as a run that never stopped; it used to fail with 'gave no full batch'."""
+    one_epoch = ["train.steps=0", "train.epochs=1", "train.checkpoint_every=0"]
+    epoch = train(load_run_config(TINY, FAST + one_epoch), tmp_path / "epoch", data)["steps"]
+    full = train(load_run_config(TINY, FAST + [f"train.steps={epoch + 3}"]), tmp_path / "full", data)
+    train(load_run_config(TINY, FAST + [f"train.steps={epoch}"]), tmp_path / "part", data)
+    res = train(load_run_config(TINY, FAST + [f"train.steps={epoch + 3}"]), tmp_path / "part", data,
+                resume=True)
+    assert res["resumed"]["step"] == epoch and res["steps"] == epoch + 3
+    assert res["last_loss"] == full["last_loss"]
+    after = {k: v for k, v in losses(tmp_path / "full").items() if k > epoch}
+    assert after and {k: v for k, v in losses(tmp_path / "part").items() if k > epoch} == after
+    assert_same_params(tmp_path / "full", tmp_path / "part")
+
+
 def test_skip_batches_drops_the_first_batches_of_a_fresh_run_only(tmp_path, data):
     """data.skip_batches = 3 with 6 steps ends where 9 steps without it end; resumed to 8 steps it does not
     skip again (it ends where 11 do); more batches than an epoch holds is one TrainError line."""

@@ -452,6 +452,7 @@ class Trainer:
             self._pipeline = SparseDistPipeline(self.model, self.device, self._step_loss,
                                                 self._zero_grad, self._dense_step)
         while not done:
+            resumed = self.loader_state is not None  # this epoch's loader starts at a saved position
             loader = self.train_loader()
             seen_in_epoch = 0
             t_step = time.perf_counter()
@@ -493,7 +494,7 @@ class Trainer:
                 break
             if loader.problems.total:
                 problems.append(f"epoch {self.epoch}: {loader.problems.report()}")
-            if seen_in_epoch == 0:
+            if seen_in_epoch == 0 and not resumed:  # resumed at the epoch's end: on to the next one
                 raise TrainError(f"{self.data_path}: partitions {cfg.data.train!r} gave no full batch of "
                                  f"{cfg.data.batch_size} rows (lower data.batch_size)")
             self.epoch += 1
