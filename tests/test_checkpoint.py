@@ -71,6 +71,19 @@ def test_resume_at_an_epoch_boundary_goes_on_into_the_next_epoch(tmp_path, data)
     assert_same_params(tmp_path / "full", tmp_path / "part")
 
 
+def test_a_failed_resume_leaves_config_toml_as_it_was(tmp_path, data):
+    """--allow-config-change with a model the checkpoint does not hold fails to load it; config.toml used
+    to be rewritten first, so every later command on the run failed with 'saved by a different model'."""
+    train(load_run_config(TINY, FAST + ["train.steps=4"]), tmp_path / "run", data)
+    saved = (tmp_path / "run" / "config.toml").read_text()
+    with pytest.raises(ckpt.CheckpointError, match="saved by a different model"):
+        train(load_run_config(TINY, FAST + ["train.steps=8", "model.embedding.d=8"]), tmp_path / "run", data,
+              resume=True, allow_config_change=True)
+    assert (tmp_path / "run" / "config.toml").read_text() == saved
+    res = train(load_run_config(TINY, FAST + ["train.steps=8"]), tmp_path / "run", data, resume=True)
+    assert res["resumed"]["step"] == 4 and res["steps"] == 8
+
+
 def test_skip_batches_drops_the_first_batches_of_a_fresh_run_only(tmp_path, data):
     """data.skip_batches = 3 with 6 steps ends where 9 steps without it end; resumed to 8 steps it does not
     skip again (it ends where 11 do); more batches than an epoch holds is one TrainError line."""

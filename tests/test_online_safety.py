@@ -31,6 +31,7 @@ from opengem.train.online import (
     train_online,
     version_for_ts,
 )
+from opengem.train.run_dir import ResumeConfigError
 from parquet_helpers import random_columns
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -175,3 +176,23 @@ def test_online_quarantines_a_broken_day_and_trains_a_late_one(tmp_path, capsys)
     assert v[2]["trained_through_ts"] == v[1]["trained_through_ts"] == newest  # v3 has seen day=003
     assert v[2]["window_max_ts"] == max(_ts(data / "day=002"))
     assert version_for_ts(run, newest)["version"] == 1  # never a version that trained on the row
+
+
+def test_a_restart_with_a_changed_config_is_refused_and_leaves_the_run_as_it_was(tmp_path):
+    """A restart continues the published versions, so a changed model or learning rate is refused naming
+    it, before config.toml is touched (it was rewritten first: every version then failed to load as
+    'saved by a different model', served or exported); operational keys may change."""
+    base = ["train.progress=false", "data.sim.rows=300", "data.sim.days=2", "train.online_poll_s=0.05",
+            "train.online_max_idle_s=0", "train.warmup_steps=2", "data.batch_size=64"]
+    cfg = load_run_config(TINY, base)
+    data, run = tmp_path / "data", tmp_path / "run"
+    simulate(SimConfig.from_dict(dict(cfg.data.sim)), data)
+    train_online(cfg, run, data)
+    saved = (run / "config.toml").read_text()
+    for change, key in (("model.embedding.d=8", "model.embedding.d 16 -> 8"), ("train.lr=0.1", "train.lr")):
+        with pytest.raises(ResumeConfigError, match=key):
+            train_online(load_run_config(TINY, [*base, change]), run, data)
+        assert (run / "config.toml").read_text() == saved
+    again = train_online(load_run_config(TINY, [*base, "train.online_max_idle_s=1", "train.threads=1"]), run,
+                         data)
+    assert again["windows"] == [] and len(list_versions(run)) == 2

@@ -33,6 +33,7 @@ after the newest published version and trains every partition no version has tra
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -52,8 +53,9 @@ from opengem.data.loader import ParquetLoader
 from opengem.data.parquet import DataError, inspect_file
 from opengem.errors import DatasetError, TrainError
 from opengem.train import checkpoint as ckpt
-from opengem.train.config import RunConfig
+from opengem.train.config import RunConfig, load_run_config
 from opengem.train.data import prepare_data
+from opengem.train.run_dir import CONFIG_FILE, ResumeConfigError, config_changes
 from opengem.train.run_log import RunLog, short_metrics
 from opengem.train.startup import StartupTimer
 from opengem.train.trainer import Trainer
@@ -257,6 +259,24 @@ def _warn(message: str) -> None:
     print(f"opengem train: warning: {message}", file=sys.stderr, flush=True)
 
 
+def _check_restart_config(run_dir: Path, cfg: RunConfig, data_path: Path) -> None:
+    """A restart of a run with published versions continues them, so it must compute what they did: a
+    changed setting (learning rate, batch, model, data) is refused naming it, as ``--resume`` refuses it
+    (the operational ``train.online_*``, threads and logging keys may change)."""
+    saved = run_dir / CONFIG_FILE
+    if not saved.exists():
+        return
+    new = copy.deepcopy(cfg)
+    new.data.path = str(data_path)  # as config.toml records it
+    changes = config_changes(load_run_config(saved), new,
+                             simulated=Path(data_path).resolve() == (run_dir / "data").resolve())
+    if changes:
+        shown = "; ".join(f"{k} {v[0]!r} -> {v[1]!r}" for k, v in changes.items())
+        raise ResumeConfigError(f"{saved}: a restart of an online run with a changed config ({shown}); its "
+                                "published versions were trained with the saved settings: restart with them, "
+                                "or train a new run folder")
+
+
 def train_online(cfg: RunConfig, run_dir: str | Path, data_dir: str | Path | None = None, *,
                  stop_event: threading.Event | None = None, timer: StartupTimer | None = None,
                  settle_s: float = SETTLE_S) -> dict[str, Any]:
@@ -277,14 +297,13 @@ def train_online(cfg: RunConfig, run_dir: str | Path, data_dir: str | Path | Non
                   "reading each window's timestamps and checkpointing per window")
         data_path = prepare_data(cfg.data, run_dir, data_dir)
         # no run folder for the trainer: this loop owns RUN (config, log, versions); the CLI holds its lock
+        published = list_versions(run_dir)
+        if published:
+            _check_restart_config(run_dir, cfg, data_path)
         with Trainer(cfg, None, data_path, timer=timer) as trainer:
             ds, schema = trainer.ds, trainer.schema
             compile_info = trainer.compile_info
-            save_config(cfg, run_dir / "config.toml")
             o = trainer.optimizers
-            log = RunLog(run_dir)
-
-            published = list_versions(run_dir)
             step, trained_through = 0, None
             if published:  # resume after the newest published version
                 meta = ckpt.load(published[-1]["path"], trainer.model, dense_opt=o.dense_opt,
@@ -292,6 +311,9 @@ def train_online(cfg: RunConfig, run_dir: str | Path, data_dir: str | Path | Non
                 step = trainer.step = int(meta["step"])
                 trained_through = max((v["trained_through_ts"] for v in published
                                        if v["trained_through_ts"] is not None), default=None)
+            # only now: a restart that fails leaves config.toml naming the model the versions hold
+            save_config(cfg, run_dir / "config.toml")
+            log = RunLog(run_dir)
             version = len(published)
             quarantined: list[dict[str, Any]] = []
 

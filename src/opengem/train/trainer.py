@@ -161,7 +161,7 @@ class Trainer:
                                cfg.data.train, cfg.data.eval)
             if t.early_stop.enabled:
                 self._check_early_stop_partition()
-        if self.is_main and self.run_dir is not None:
+        if self.is_main and self.run_dir is not None and not resume:
             save_config(cfg, self.run_dir / "config.toml")
         self.base_rates: list[list[float | None]] | None = None
         if t.init_output_bias and plain is None:  # a caller's own plain model keeps the init it was given
@@ -195,6 +195,10 @@ class Trainer:
         if resume and self.checkpointer is not None:
             with timer.phase("checkpoint_load"):
                 self._resume()
+        if resume and self.is_main and self.run_dir is not None:
+            # only once the checkpoint loaded: a resume that fails (a changed model under
+            # --allow-config-change) leaves config.toml naming the model the checkpoints hold
+            save_config(cfg, self.run_dir / "config.toml")
         rolled_back = (rundir.rollback_log(self.run_dir, self.step, redo_final=t.final_eval)
                        if self.run["continuing"] and self.is_main else 0)
         self.log = RunLog(self.run_dir, enabled=self.is_main and self.run_dir is not None,
