@@ -196,3 +196,18 @@ def test_a_restart_with_a_changed_config_is_refused_and_leaves_the_run_as_it_was
     again = train_online(load_run_config(TINY, [*base, "train.online_max_idle_s=1", "train.threads=1"]), run,
                          data)
     assert again["windows"] == [] and len(list_versions(run)) == 2
+
+
+@pytest.mark.parametrize("stopped,code", [("SIGTERM", 143), ("SIGINT", 130), ("idle 1s", 0),
+                                          ("STOP file", 0)])
+def test_online_stopped_by_a_signal_exits_as_an_offline_run_does(tmp_path, monkeypatch, capsys, stopped,
+                                                                 code):
+    """A supervisor tells a stop by SIGTERM (143) or SIGINT (130) from an end (idle, online_until, a STOP
+    file: 0), as for an offline run; the online loop exited 0 after a signal."""
+    from opengem.cli import main
+    from opengem.train import online
+
+    done = {"windows": [], "stopped": stopped, "versions": 2, "quarantined": [], "pending": []}
+    monkeypatch.setattr(online, "train_online", lambda *a, **k: done)
+    assert main(["train", "--config", str(TINY), "--online", "--out", str(tmp_path / "run")]) == code
+    assert f"stopped: {stopped}" in capsys.readouterr().out

@@ -247,3 +247,22 @@ def test_responses_are_not_held_back_by_nagle(served) -> None:  # type: ignore[n
         times.append(time.perf_counter() - t0)
     conn.close()
     assert sorted(times)[len(times) // 2] < 0.03, times
+
+
+def test_an_address_that_cannot_be_listened_on_is_one_serve_error() -> None:
+    """A port in use, a host name that does not resolve: one ServeError naming host and port (the CLI's
+    one line, exit 1), not an OSError from inside the socket module ('internal error')."""
+    import socket
+
+    from opengem.serve.server import ServeError
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    try:
+        for host, p in (("127.0.0.1", port), ("nonexist.invalid", 8000)):
+            with pytest.raises(ServeError, match=rf"cannot listen on {host}:{p}: .+ \(--host, --port\)$"):
+                ModelServer(FakePredictor(), ServeConfig(host=host, port=p)).start_in_thread()
+    finally:
+        taken.close()

@@ -332,7 +332,13 @@ class ModelServer:
         family = socket.AF_INET6 if ":" in self.cfg.host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self.cfg.host, self.cfg.port))
+        try:
+            sock.bind((self.cfg.host, self.cfg.port))
+        except OSError as e:  # in use, not an address of this machine, a host name that does not resolve
+            sock.close()
+            why = e.strerror or str(e)
+            raise ServeError(f"cannot listen on {self.cfg.host}:{self.cfg.port}: {why} (--host, --port)"
+                             ) from None
         config = uvicorn.Config(self.app, log_level="warning", access_log=False, lifespan="on",
                                 timeout_graceful_shutdown=self.cfg.drain_timeout_s, backlog=2048,
                                 timeout_keep_alive=self.cfg.keep_alive_s, http=self.http, loop=self.loop,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import warnings
 from pathlib import Path
 
@@ -67,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"stopped: {res['stopped']}; {res['versions']} versions in {out / 'versions'}; "
               f"{len(res['quarantined'])} partitions quarantined, {len(res['pending'])} not trained "
               "(reasons above and in online_summary.json)")
-        return 0
+        # stopped by a signal: 128 + its number, as an offline run (a supervisor tells it from an end)
+        return {"SIGINT": 128 + signal.SIGINT, "SIGTERM": 128 + signal.SIGTERM}.get(res["stopped"], 0)
     summary = train(cfg, out, args.data, resume=args.resume, force=args.force,
                     allow_config_change=args.allow_config_change, timer=timer)
     if summary.get("world_size", 1) == 1 or int(os.environ.get("RANK", 0)) == 0:
