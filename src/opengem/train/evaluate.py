@@ -161,6 +161,22 @@ class OpenRun:
     calibration: dict[str, Any] | None = None  # RUN/calibration.json as applied (None: none applied)
 
 
+PUBLISHED = "versions"  # where train/online.py publishes an online run's versions
+
+
+def _not_a_run(run_dir: Path) -> str:
+    """Why ``run_dir`` is not a run folder, in the words that help: it does not exist, it names a published
+    version (``RUN@3``), or it lacks config.toml."""
+    base, at, number = str(run_dir).rpartition("@")
+    if at and number.lstrip("v").isdigit() and (Path(base) / "config.toml").exists():
+        return (f"{run_dir}: a published version; this command takes a run folder ({base}), and a version is "
+                f"scored through its export (opengem export {run_dir} --out DIR, then opengem serve or "
+                "opengem.serve.Predictor)")
+    if not run_dir.exists():
+        return f"{run_dir}: no such folder"
+    return f"{run_dir}: no config.toml (is it a training run folder?)"
+
+
 @contextlib.contextmanager
 def open_run(run_dir: str | Path, data_dir: str | Path | None = None, device: str | None = None,
              calibrated: bool = True) -> Iterator[OpenRun]:
@@ -170,7 +186,12 @@ def open_run(run_dir: str | Path, data_dir: str | Path | None = None, device: st
     run_dir = Path(run_dir)
     cfg_path = run_dir / "config.toml"
     if not cfg_path.exists():
-        raise RunNotFoundError(f"{run_dir}: no config.toml (is it a training run folder?)")
+        raise RunNotFoundError(_not_a_run(run_dir))
+    if not (run_dir / ckpt.CHECKPOINTS).is_dir() and (run_dir / PUBLISHED).is_dir():
+        raise RunNotFoundError(f"{run_dir}: an online run keeps its models as published versions "
+                               f"({run_dir / PUBLISHED}), which this command does not read: export one "
+                               f"(opengem export {run_dir}@N --out DIR) and score it with opengem serve or "
+                               "opengem.serve.Predictor")
     cfg = load_run_config(cfg_path)
     prepare_compile(cfg)  # a compiled run evaluates with the same persistent compile cache
     data_path = Path(data_dir or cfg.data.path)
