@@ -191,3 +191,20 @@ def test_evaluate_says_why_a_folder_is_not_a_run_it_can_read(tmp_path: Path, cap
         rc, err = run_cli(capsys, ["evaluate", str(run)])
         line = one_error_line(err, "evaluate")
         assert rc == 1 and why in line, line
+
+
+def test_a_served_id_past_int64_is_named_with_its_candidate() -> None:
+    enc = RequestEncoder(hashed_tiny_schema())
+    row = {"user_id": 7, "ad_id": 3, "ad_category": 1, "user_interests": [1, 2], "ad_quality": 0.5,
+           "user_activity": -1.0, "hist__item": [4, 5], "hist__action": [0, 1], "hist__dt": [0.1, 0.2]}
+    for key, value, shown in (("user_id", 2**63, 2**63), ("hist__item", [1, 2**64], 2**64),
+                              ("user_id", -(2**63) - 1, -(2**63) - 1)):
+        with pytest.raises(BadRequest, match=rf"candidate 1: feature '{key}': id {shown} is past the range"):
+            enc.batch([{"surface": 0, "candidates": [row, {**row, key: value}]}])
+
+
+def test_an_infinite_learning_rate_is_refused_by_key(tmp_path: Path, capsys) -> None:  # type: ignore
+    rc, err = run_cli(capsys, ["train", "--config", str(ROOT / "configs" / "tiny.toml"), "--out",
+                               str(tmp_path / "r"), "train.lr=inf"])
+    assert rc == 2 and "train.lr: must be a finite number > 0 (got inf)" in one_error_line(err, "train")
+    assert not (tmp_path / "r").exists()

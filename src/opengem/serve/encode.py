@@ -104,7 +104,7 @@ def _check_value(col: _Column, v: Any, where: str) -> Any:
     if col.kind == "id":
         if not _is_int(v):
             raise BadRequest(f"{where}: feature {col.name!r} takes one integer id, got {type(v).__name__}")
-        return int(v)
+        return _int64(col, int(v), where)
     if col.kind == "float":
         if not _is_number(v):
             raise BadRequest(f"{where}: feature {col.name!r} takes a number, got {type(v).__name__}")
@@ -122,10 +122,19 @@ def _check_value(col: _Column, v: Any, where: str) -> Any:
                          f"got a {type(bad[0]).__name__}")
     if col.kind == "cats":
         return list(v)
-    return [int(x) for x in v] if col.kind == "ids" else [float(x) for x in v]
+    if col.kind == "ids":
+        return [_int64(col, int(x), where) for x in v]
+    return [_in_float32_range(col, float(x), where) for x in v]
 
 
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def _int64(col: _Column, v: int, where: str) -> int:
+    """An id past int64 (the ids' type) is named as sent, not as pyarrow's 'int too large for C long'."""
+    if not -(2**63) <= v < 2**63:
+        raise BadRequest(f"{where}: feature {col.name!r}: id {v} is past the range of int64")
+    return v
 
 
 def _in_float32_range(col: _Column, v: Any, where: str) -> Any:

@@ -6,6 +6,7 @@ exact model without the original recipe or command line.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -145,8 +146,8 @@ class RunConfig:
              t.lr_decay)
         need(t.steps >= 0, "train.steps", "must be >= 0", t.steps)
         need(t.steps > 0 or t.epochs > 0, "train.epochs", "must be > 0 when train.steps = 0", t.epochs)
-        for k in ("lr", "sparse_lr"):
-            need(getattr(t, k) > 0, f"train.{k}", "must be > 0", getattr(t, k))
+        for k in ("lr", "sparse_lr"):  # inf passed '> 0' and made every loss nan at step 1
+            need(0 < getattr(t, k) < math.inf, f"train.{k}", "must be a finite number > 0", getattr(t, k))
         for k in ("warmup_steps", "weight_decay", "grad_clip", "eval_every", "eval_max_batches",
                   "checkpoint_every"):
             need(getattr(t, k) >= 0, f"train.{k}", "must be >= 0", getattr(t, k))
