@@ -278,3 +278,17 @@ def test_two_processes_checkpoint_loads_into_one(tmp_path, data):
                      resume=True)
     assert more["steps"] == 14
     assert more["config_changes"] == {"data.batch_size": [32, 64]} and more["allow_config_change"]
+
+
+def test_resume_falls_back_past_a_truncated_newest_checkpoint(tmp_path, data, capsys):
+    """The README's promise, 'from its newest complete checkpoint': a final checkpoint whose data file is
+    gone (a disk filled, a copy cut short) is passed over with a warning, and the periodic one before it
+    resumes, exactly."""
+    full = train(load_run_config(TINY, FAST + ["train.steps=12"]), tmp_path / "full", data)
+    train(load_run_config(TINY, FAST + ["train.steps=10"]), tmp_path / "part", data)  # step 8, then final
+    final = tmp_path / "part" / "checkpoints" / "final"
+    next(final.glob("*.distcp")).unlink()
+    res = train(load_run_config(TINY, FAST + ["train.steps=12"]), tmp_path / "part", data, resume=True)
+    assert res["resumed"]["step"] == 8 and res["last_loss"] == full["last_loss"]
+    assert "truncated checkpoint): resuming from the checkpoint before it" in capsys.readouterr().err
+    assert_same_params(tmp_path / "full", tmp_path / "part")

@@ -63,6 +63,10 @@ class CheckpointError(OpengemError, RuntimeError):
     pass
 
 
+class TruncatedCheckpoint(CheckpointError):
+    """A checkpoint whose metadata names data that is not there (a disk filled, a copy cut short)."""
+
+
 def _rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
@@ -231,9 +235,9 @@ def _check_files(path: Path, md: Metadata) -> None:
     for rel, size in need.items():
         f = path / rel
         if not f.exists():
-            raise CheckpointError(f"{path}: data file {rel} is missing (truncated checkpoint)")
+            raise TruncatedCheckpoint(f"{path}: data file {rel} is missing (truncated checkpoint)")
         if f.stat().st_size < size:
-            raise CheckpointError(f"{path}: data file {rel} has {f.stat().st_size} bytes, the metadata "
+            raise TruncatedCheckpoint(f"{path}: data file {rel} has {f.stat().st_size} bytes, the metadata "
                                   f"says at least {size} (truncated checkpoint)")
 
 
@@ -380,6 +384,12 @@ def periodic_checkpoints(root: str | Path, run_id: str | None = None) -> list[Pa
 def latest_checkpoint(run_dir: str | Path, run_id: str | None = None) -> Path:
     """The newest complete checkpoint of a run by step (the final one wins a tie); with ``run_id``, only
     that run's checkpoints count (an older run's checkpoints in the same folder are never picked)."""
+    return checkpoints_newest_first(run_dir, run_id)[0]
+
+
+def checkpoints_newest_first(run_dir: str | Path, run_id: str | None = None) -> list[Path]:
+    """Every checkpoint of a run whose metadata reads, newest first (see :func:`latest_checkpoint`); a
+    CheckpointError when there is none."""
     root = Path(run_dir) / CHECKPOINTS
     found: list[tuple[int, int, Path]] = []
     others: set[str] = set()
@@ -398,7 +408,7 @@ def latest_checkpoint(run_dir: str | Path, run_id: str | None = None) -> Path:
             raise CheckpointError(f"{run_dir}: no checkpoint of run {run_id} under {root} (only of run(s) "
                                   f"{', '.join(sorted(others))})")
         raise CheckpointError(f"{run_dir}: no checkpoint under {root}")
-    return max(found)[2]
+    return [p for _, _, p in sorted(found, reverse=True)]
 
 
 # --------------------------------------------------------------------------- load
@@ -479,8 +489,13 @@ class Checkpointer:
     def latest(self, run_id: str | None) -> Path | None:
         """The newest complete checkpoint of ``run_id`` (None: of any run, for a folder adopted from before
         run ids), None when there is none."""
+        found = self.newest_first(run_id)
+        return found[0] if found else None
+
+    def newest_first(self, run_id: str | None) -> list[Path]:
+        """Every checkpoint of ``run_id`` whose metadata reads, newest first ([] when there is none)."""
         try:
-            return latest_checkpoint(self.run_dir, run_id=run_id)
+            return checkpoints_newest_first(self.run_dir, run_id=run_id)
         except CheckpointError:
-            return None
+            return []
 

@@ -250,11 +250,19 @@ class Trainer:
         return plain
 
     def _resume(self) -> None:
-        path = self.checkpointer.latest(self.run["checkpoint_run_id"])
-        if path is None:
+        candidates = self.checkpointer.newest_first(self.run["checkpoint_run_id"])
+        if not candidates:
             return  # nothing saved yet: a fresh start
         o = self.optimizers
-        meta = ckpt.load(path, self.model, dense_opt=o.dense_opt, sparse_opt=o.sparse, scheduler=o.scheduler)
+        for i, path in enumerate(candidates):
+            try:
+                meta = ckpt.load(path, self.model, dense_opt=o.dense_opt, sparse_opt=o.sparse,
+                                 scheduler=o.scheduler)
+                break
+            except ckpt.TruncatedCheckpoint as e:  # "from its newest complete checkpoint" (README)
+                if i == len(candidates) - 1:
+                    raise
+                self._warn(f"{e}: resuming from the checkpoint before it, {candidates[i + 1]}")
         self.step = int(meta["step"])
         self.load_state_dict(meta.get("extra", {}))
         self.loader_state = meta.get("loader")
