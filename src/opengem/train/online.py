@@ -27,8 +27,10 @@ others:
 Partitions still not ready when the run stops are logged as ``online_pending`` (and on stderr), with
 why, and listed in the summary: nothing is skipped silently. The run stops on a ``STOP`` file in the run
 folder, SIGTERM/SIGINT, after ``train.online_until``'s window (later partitions are left alone), or after
-``train.online_max_idle_s`` without a partition to train. A restart with the same run folder resumes
-after the newest published version and trains every partition no version has trained.
+``train.online_max_idle_s`` without a partition to train (the command exits 143 / 130 after SIGTERM /
+SIGINT, 0 otherwise). A restart with the same run folder resumes after the newest published version and
+trains every partition no version has trained; with a config that changes what is computed (learning rate,
+batch, model, data) it is refused, naming the change, before anything in the run folder is touched.
 """
 
 from __future__ import annotations
