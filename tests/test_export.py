@@ -16,6 +16,7 @@ import torch.utils._pytree as pytree
 
 from opengem.cli import main
 from opengem.config import from_dict
+from opengem.data.commit import OutputExistsError
 from opengem.data.dataset import Dataset
 from opengem.data.loader import ParquetLoader
 from opengem.data.random_batch import random_batch
@@ -291,12 +292,13 @@ def test_a_manifest_naming_a_foreign_file_is_refused(eager_artifact):
 
 def test_export_refuses_to_overwrite_and_a_non_artifact_is_not_replaced(eager_artifact, tmp_path):
     vm, out = eager_artifact
-    with pytest.raises(ArtifactError, match="exists"):
+    with pytest.raises(OutputExistsError, match="exists") as e:
         export_model(vm, vm.schema, ModelConfig(name="dlrm"), out, backend="eager")
+    assert e.value.exit_code == 2  # a usage error, as every command's existing --out
     other = tmp_path / "notmine"
     other.mkdir()
     (other / "precious.txt").write_text("keep")
-    with pytest.raises(ArtifactError, match="not an export artifact"):
+    with pytest.raises(OutputExistsError, match="not an export artifact"):
         export_model(vm, vm.schema, ModelConfig(name="dlrm"), other, backend="eager", force=True)
     assert (other / "precious.txt").exists()
 

@@ -39,6 +39,7 @@ import torch
 from opengem.data.adapters.common import AdapterError
 from opengem.data.adapters.encoders_io import KIND as TABLE
 from opengem.data.adapters.encoders_io import VOCAB_FILE, load_vocabularies, save_vocabularies
+from opengem.data.commit import OutputExistsError
 from opengem.serve.errors import ArtifactError
 from opengem.serve.hot_swap import VERSIONS
 from opengem.train.run_dir import CONFIG_FILE
@@ -94,11 +95,11 @@ def check_out(out: str | Path, force: bool) -> Path:
     """``out`` if an artifact may be written there: new, or (with ``force``) an artifact already; checked
     before any work so that a long export does not fail at its end."""
     out = Path(out)
-    if out.exists() and not force:
-        raise ArtifactError(f"--out {out}: exists (choose another folder or pass --force to replace it)")
+    if out.exists() and not force:  # a usage error (exit 2), as every other command's existing --out
+        raise OutputExistsError(f"--out {out}: exists (choose another folder or pass --force to replace it)")
     if out.exists() and not is_artifact(out):
-        raise ArtifactError(f"--out {out}: exists and is not an export artifact (no {MANIFEST}); "
-                            "not replaced")
+        raise OutputExistsError(f"--out {out}: exists and is not an export artifact (no {MANIFEST}); "
+                                "not replaced")
     return out
 
 
