@@ -208,3 +208,20 @@ def test_an_infinite_learning_rate_is_refused_by_key(tmp_path: Path, capsys) -> 
                                str(tmp_path / "r"), "train.lr=inf"])
     assert rc == 2 and "train.lr: must be a finite number > 0 (got inf)" in one_error_line(err, "train")
     assert not (tmp_path / "r").exists()
+
+
+def test_an_export_folder_given_as_data_is_named_as_one(tmp_path: Path) -> None:
+    """Not 'no _COMPLETE marker ... mark it with opengem validate --mark-complete', which would make an
+    export folder look like data."""
+    from opengem.data.dataset import Dataset
+    from opengem.errors import DatasetError
+
+    export = tmp_path / "export"
+    export.mkdir()
+    (export / "manifest.json").write_text("{}")
+    (export / "schema.toml").write_text((ROOT / "configs" / "schemas" / "tiny.toml").read_text())
+    with pytest.raises(DatasetError, match="an exported model .opengem export., not a dataset"):
+        Dataset(export)
+    (export / "manifest.json").unlink()
+    with pytest.raises(DatasetError, match="no _COMPLETE marker"):
+        Dataset(export)

@@ -85,6 +85,10 @@ class Dataset:
             if require_complete:
                 raise
             self.marker = None  # an unreadable marker is about to be rewritten (mark_complete)
+        if self.marker is None and require_complete and (self.root / "manifest.json").is_file() \
+                and (self.root / "schema.toml").is_file():  # an `opengem export` folder, not data
+            raise DatasetError(f"{self.root}: an exported model (opengem export), not a dataset: give --data "
+                               "the folder of rows to read (the run's data, or one made by opengem convert)")
         if self.marker is None and require_complete:
             raise DatasetError(f"{self.root}: no {MARKER} marker, so the writer did not finish (interrupted, "
                                "or still running): re-run it; for a dataset assembled by hand, check and "
