@@ -34,7 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from opengem.data.adapters.common import AdapterError
-from opengem.data.adapters.table_encode import Encoders
+from opengem.data.adapters.table_encode import FLOAT32_MAX, Encoders
 from opengem.data.batch import Batch
 from opengem.data.dataset import arrow_schema
 from opengem.data.parquet import Columns, DataError, ProblemLog, check_columns, conform_table, to_batch
@@ -127,9 +127,6 @@ def _check_value(col: _Column, v: Any, where: str) -> Any:
     return [_in_float32_range(col, float(x), where) for x in v]
 
 
-_FLOAT32_MAX = float(np.finfo(np.float32).max)
-
-
 def _int64(col: _Column, v: int, where: str) -> int:
     """An id past int64 (the ids' type) is named as sent, not as pyarrow's 'int too large for C long'."""
     if not -(2**63) <= v < 2**63:
@@ -140,9 +137,9 @@ def _int64(col: _Column, v: int, where: str) -> int:
 def _in_float32_range(col: _Column, v: Any, where: str) -> Any:
     """A finite number past float32's range (a dense feature's type) would become inf and be refused as
     "value inf": named as sent instead. NaN and inf stay what the schema's policy makes of them."""
-    if math.isfinite(v) and abs(v) > _FLOAT32_MAX:
+    if math.isfinite(v) and abs(v) > FLOAT32_MAX:
         raise BadRequest(f"{where}: feature {col.name!r}: {v:g} is past the range of float32 "
-                         f"(|x| <= {_FLOAT32_MAX:.3g}), the type a dense feature is stored as")
+                         f"(|x| <= {FLOAT32_MAX:.3g}), the type a dense feature is stored as")
     return v
 
 

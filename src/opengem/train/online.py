@@ -55,9 +55,9 @@ from opengem.data.loader import ParquetLoader
 from opengem.data.parquet import DataError, inspect_file
 from opengem.errors import DatasetError, TrainError
 from opengem.train import checkpoint as ckpt
-from opengem.train.config import RunConfig, load_run_config
+from opengem.train.config import RunConfig
 from opengem.train.data import prepare_data
-from opengem.train.run_dir import CONFIG_FILE, ResumeConfigError, config_changes
+from opengem.train.run_dir import CONFIG_FILE, ResumeConfigError, saved_config_changes, shown_changes
 from opengem.train.run_log import RunLog, short_metrics
 from opengem.train.startup import StartupTimer
 from opengem.train.trainer import Trainer
@@ -265,18 +265,13 @@ def _check_restart_config(run_dir: Path, cfg: RunConfig, data_path: Path) -> Non
     """A restart of a run with published versions continues them, so it must compute what they did: a
     changed setting (learning rate, batch, model, data) is refused naming it, as ``--resume`` refuses it
     (the operational ``train.online_*``, threads and logging keys may change)."""
-    saved = run_dir / CONFIG_FILE
-    if not saved.exists():
-        return
     new = copy.deepcopy(cfg)
     new.data.path = str(data_path)  # as config.toml records it
-    changes = config_changes(load_run_config(saved), new,
-                             simulated=Path(data_path).resolve() == (run_dir / "data").resolve())
+    changes = saved_config_changes(run_dir, new)
     if changes:
-        shown = "; ".join(f"{k} {v[0]!r} -> {v[1]!r}" for k, v in changes.items())
-        raise ResumeConfigError(f"{saved}: a restart of an online run with a changed config ({shown}); its "
-                                "published versions were trained with the saved settings: restart with them, "
-                                "or train a new run folder")
+        raise ResumeConfigError(f"{run_dir / CONFIG_FILE}: a restart of an online run with a changed config "
+                                f"({shown_changes(changes)}); its published versions were trained with the "
+                                "saved settings: restart with them, or train a new run folder")
 
 
 def train_online(cfg: RunConfig, run_dir: str | Path, data_dir: str | Path | None = None, *,

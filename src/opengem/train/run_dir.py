@@ -273,20 +273,33 @@ def config_changes(old: RunConfig, new: RunConfig, *, simulated: bool = True) ->
     return out
 
 
-def check_resume_config(run: RunClaim, new: RunConfig, allow: bool = False) -> dict[str, list[Any]]:
-    """The config changes of a resumed run against RUN/config.toml; refused (naming them) unless ``allow``.
+def saved_config_changes(run_dir: Path, new: RunConfig) -> dict[str, list[Any]]:
+    """:func:`config_changes` of ``new`` against RUN/config.toml ({} when there is none): what a run that
+    continues RUN's checkpoints (``--resume``) or published versions (an online restart) may not change.
 
     ``new`` must already carry the resolved dataset path, as the saved config does.
     """
-    saved = run.run_dir / CONFIG_FILE
-    if not run.continuing or not saved.exists():
+    saved = run_dir / CONFIG_FILE
+    if not saved.exists():
         return {}
-    simulated = Path(new.data.path) == (run.run_dir / "data").resolve()
-    changes = config_changes(load_run_config(saved), new, simulated=simulated)
+    simulated = Path(new.data.path).resolve() == (run_dir / "data").resolve()
+    return config_changes(load_run_config(saved), new, simulated=simulated)
+
+
+def shown_changes(changes: dict[str, list[Any]]) -> str:
+    """``key old -> new; ...``, as the refusals name them."""
+    return "; ".join(f"{k} {v[0]!r} -> {v[1]!r}" for k, v in changes.items())
+
+
+def check_resume_config(run: RunClaim, new: RunConfig, allow: bool = False) -> dict[str, list[Any]]:
+    """The config changes of a resumed run against RUN/config.toml; refused (naming them) unless ``allow``."""
+    if not run.continuing:
+        return {}
+    changes = saved_config_changes(run.run_dir, new)
     if changes and not allow:
-        shown = "; ".join(f"{k} {v[0]!r} -> {v[1]!r}" for k, v in changes.items())
-        raise ResumeConfigError(f"{saved}: --resume with a changed config ({shown}); resume with the saved "
-                                "settings, or add --allow-config-change to continue anyway (recorded)")
+        raise ResumeConfigError(f"{run.run_dir / CONFIG_FILE}: --resume with a changed config "
+                                f"({shown_changes(changes)}); resume with the saved settings, or add "
+                                "--allow-config-change to continue anyway (recorded)")
     return changes
 
 

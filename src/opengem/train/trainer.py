@@ -140,8 +140,7 @@ class Trainer:
                     if self.run_dir is not None else dict(NO_RUN))
         if self.is_main and self.run["config_changes"]:
             print("opengem train: warning: resuming with a changed config (--allow-config-change): "
-                  + "; ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in self.run["config_changes"].items()),
-                  file=sys.stderr)
+                  + rundir.shown_changes(self.run["config_changes"]), file=sys.stderr)
         with timer.phase("data_setup"):
             if self.run_dir is None:
                 data_path = Path(data_dir or cfg.data.path)

@@ -43,13 +43,10 @@ def _floats(col: pa.Array) -> np.ndarray:
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
-def _check_float32_range(chunk: Chunk, name: str) -> None:
+def _check_float32_range(chunk: Chunk, name: str, x: np.ndarray) -> None:
     """A dense cell past float32's range (the canonical column's type: it would be stored as inf, and its
-    square overflowed the statistics' float64 sums past 1.3e154) is one line naming its place."""
-    col = chunk.batch.column(name)
-    x = _floats(col) if not pa.types.is_floating(col.type) or col.type.bit_width > 32 else None
-    if x is None:
-        return
+    square overflowed the statistics' float64 sums past 1.3e154) is one line naming its place. ``x``: the
+    chunk's column ``name`` as float64."""
     with np.errstate(invalid="ignore"):
         big = np.abs(x) > FLOAT32_MAX
     big &= np.isfinite(x)
@@ -308,9 +305,12 @@ def fit_encoders(
             if len(surfaces) > MAX_SURFACES:
                 raise AdapterError(f"{chunk.file}: column {spec.surface!r} (surface) has more than "
                                    f"{MAX_SURFACES} distinct values: a surface is a placement, not an id")
-        for d in spec.dense:
-            _check_float32_range(chunk, d.name)
         train = chunk.split == 0
+        for d in spec.dense:  # each column converted once: the range check, then the train rows' statistics
+            x = _floats(chunk.batch.column(d.name))
+            _check_float32_range(chunk, d.name, x)
+            if d.name in dense and train.any():
+                dense[d.name].update(x[train])
         if not train.any():
             continue
         tb = chunk.batch.filter(pa.array(train))
@@ -319,8 +319,6 @@ def fit_encoders(
         for name, share in shared.items():
             if share in counters:
                 counters[share].update(tb.column(name))
-        for name, st in dense.items():
-            st.update(_floats(tb.column(name)))
     force = {s.name for s in spec.sparse if s.hash}
     vocabs = {name: c.finish(spec.min_count, name in force) for name, c in counters.items()} | fixed
     vocabs |= {name: vocabs[share] for name, share in shared.items() if share in vocabs}
