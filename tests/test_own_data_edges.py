@@ -179,14 +179,14 @@ def test_a_served_dense_value_past_float32_is_named_as_sent() -> None:
 
 
 def test_evaluate_says_why_a_folder_is_not_a_run_it_can_read(tmp_path: Path, capsys) -> None:  # type: ignore
-    """A folder that does not exist, a published version (RUN@3) and an online run (versions, no
-    checkpoints) each get a line that says so, not 'no config.toml' or 'no checkpoint' about a folder that
-    has one."""
+    """A folder that does not exist, a version that is not published (RUN@3: no manifest) and an online run
+    with none published each get a line that says so, not 'no config.toml' or 'no checkpoint' about a
+    folder that has one (a published version is evaluated: tests/test_evaluate_versions.py)."""
     online = tmp_path / "on"
     (online / "versions" / "v0003").mkdir(parents=True)
     (online / "config.toml").write_text((ROOT / "configs" / "tiny.toml").read_text())
     for run, why in ((tmp_path / "nope", "nope: no such folder"),
-                     (f"{online}@3", "a published version; this command takes a run folder"),
+                     (f"{online}@3", "no published version 3"),
                      (online, "an online run keeps its models as published versions")):
         rc, err = run_cli(capsys, ["evaluate", str(run)])
         line = one_error_line(err, "evaluate")

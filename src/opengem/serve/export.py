@@ -48,7 +48,8 @@ from opengem.train.config import load_run_config
 from opengem.train.distributed import process_group
 from opengem.train.evaluate import RunNotFoundError, run_checkpoint
 from opengem.train.parallelize import build_run_model
-from opengem.transfer.versions import VersionError, max_ts, parse_fm_spec, read_version
+from opengem.train.published import VersionError, parse_fm_spec, read_version, version_files
+from opengem.transfer.versions import max_ts
 
 BACKENDS = ("eager", "export", "aoti")
 MAX_BATCH = 1 << 20
@@ -348,14 +349,10 @@ def load_run(spec: str | Path) -> LoadedRun:
         trained_through: int | None = None
     else:
         try:  # this version's manifest only: another version's damaged one must not block it
-            v = read_version(run, version)
+            trained_through = read_version(run, version).trained_through_ts
+            cfg_path, ckpt_path = version_files(run, version)
         except VersionError as e:
             raise ArtifactError(f"{spec}: {e}") from None
-        cfg_path = v.path / "config.toml"
-        if not cfg_path.exists():
-            cfg_path = v.path.parent.parent / "config.toml"
-        ckpt_path = v.path if (v.path / ".metadata").exists() else ckpt.latest_checkpoint(v.path)
-        trained_through = v.trained_through_ts
     cfg = load_run_config(cfg_path)
     data_path = Path(cfg.data.path)
     schema = Dataset(data_path).schema

@@ -54,6 +54,7 @@ from opengem.train.calibration import (
 from opengem.train.data import make_loader
 from opengem.train.distributed import world_size
 from opengem.train.evaluate import open_run
+from opengem.train.published import split_version
 
 MIN_POSITIVES = 30  # a cell with fewer positives (or negatives) takes its task's fit over all surfaces
 
@@ -304,7 +305,11 @@ def calibrate_run(run_dir: str | Path, data_dir: str | Path | None = None, parti
         raise UsageError(f"--min-positives {min_positives}: must be >= 1")
     if world_size() > 1:
         raise UsageError("opengem calibrate runs in one process (not under torchrun with several ranks)")
-    run_dir = Path(run_dir)
+    run_dir, version = split_version(run_dir)
+    if version is not None:  # RUN/calibration.json applies to the run's own checkpoints only
+        raise UsageError(f"{run_dir}@{version}: opengem calibrate fits a run's own checkpoint "
+                         f"({run_dir / CALIBRATION}), which no published version uses; evaluate or predict "
+                         "take RUN@N")
     with open_run(run_dir, data_dir, device, calibrated=False) as r:
         spec = partitions or r.cfg.data.eval
         chosen = r.ds.select(spec)

@@ -40,7 +40,8 @@ from opengem.train.data import make_loader
 from opengem.train.distributed import gather_objects, lockstep, process_group, world_size
 from opengem.train.env import cpu_threads, resolve_device
 from opengem.train.parallelize import build_run_model
-from opengem.train.run_dir import checkpoint_run_id
+from opengem.train.published import VERSIONS, VersionError, list_versions, split_version, version_files
+from opengem.train.run_dir import CONFIG_FILE, checkpoint_run_id
 from opengem.train.step import task_weights
 
 LogitObserver = Callable[[str, torch.Tensor, Batch], None]
@@ -140,10 +141,11 @@ def run_checkpoint(run_dir: Path) -> tuple[Path, bool]:
     return ckpt.latest_checkpoint(run_dir, run_id=run_id), False  # only the run's own
 
 
-def eval_file_name(spec: str) -> str:
-    """``eval-<spec>.json`` with the spec made a safe file name: ``@valid`` -> ``eval-valid.json``."""
+def eval_file_name(spec: str, version: int | None = None) -> str:
+    """``eval-<spec>.json`` with the spec made a safe file name: ``@valid`` -> ``eval-valid.json``; of a
+    published version, ``eval-v0003-valid.json``."""
     safe = re.sub(r"[^A-Za-z0-9._=-]+", "_", spec).strip("_.") or "all"
-    return f"eval-{safe}.json"
+    return f"eval-{'' if version is None else f'v{version:04d}-'}{safe}.json"
 
 
 @dataclass
@@ -158,23 +160,31 @@ class OpenRun:
     checkpoint: Path
     best: bool  # the checkpoint is early stopping's best
     step: int
+    run_dir: Path  # the run folder (of RUN@N: RUN)
+    version: int | None  # the published version opened (RUN@N); None: the run's own checkpoint
     calibration: dict[str, Any] | None = None  # RUN/calibration.json as applied (None: none applied)
 
-
-PUBLISHED = "versions"  # where train/online.py publishes an online run's versions
+    @property
+    def checkpoint_kind(self) -> str:
+        """Which of the run's models this is, as evaluate and predict print it."""
+        if self.version is not None:
+            return f"published version {self.version}"
+        return "best (early stopping)" if self.best else "newest"
 
 
 def _not_a_run(run_dir: Path) -> str:
-    """Why ``run_dir`` is not a run folder, in the words that help: it does not exist, it names a published
-    version (``RUN@3``), or it lacks config.toml."""
-    base, at, number = str(run_dir).rpartition("@")
-    if at and number.lstrip("v").isdigit() and (Path(base) / "config.toml").exists():
-        return (f"{run_dir}: a published version; this command takes a run folder ({base}), and a version is "
-                f"scored through its export (opengem export {run_dir} --out DIR, then opengem serve or "
-                "opengem.serve.Predictor)")
+    """Why ``run_dir`` is not a run folder, in the words that help."""
     if not run_dir.exists():
         return f"{run_dir}: no such folder"
     return f"{run_dir}: no config.toml (is it a training run folder?)"
+
+
+def _published(run_dir: Path) -> list[int]:
+    """The run's published version numbers, oldest first ([] when it has none, or none readable)."""
+    try:
+        return sorted(v.version for v in list_versions(run_dir))
+    except VersionError:
+        return []
 
 
 @contextlib.contextmanager
@@ -182,48 +192,64 @@ def open_run(run_dir: str | Path, data_dir: str | Path | None = None, device: st
              calibrated: bool = True) -> Iterator[OpenRun]:
     """Rebuild a run's model from RUN/config.toml and load its checkpoint (see :func:`run_checkpoint`),
     inside a process group that lives as long as the ``with`` block; with ``calibrated`` the run's
-    calibration (``opengem calibrate``) is folded in when it was fitted on that checkpoint."""
-    run_dir = Path(run_dir)
-    cfg_path = run_dir / "config.toml"
-    if not cfg_path.exists():
+    calibration (``opengem calibrate``) is folded in when it was fitted on that checkpoint.
+
+    ``RUN@N`` (or ``RUN@v0003``) opens published version N of an online or versioned run instead, from its
+    own manifest and checkpoint: how one compares the versions a continuously training run published. A
+    run's calibration is fitted on the run's own checkpoints and never applies to a version."""
+    run_dir, version = split_version(run_dir)
+    if not (run_dir / CONFIG_FILE).exists():
         raise RunNotFoundError(_not_a_run(run_dir))
-    if not (run_dir / ckpt.CHECKPOINTS).is_dir() and (run_dir / PUBLISHED).is_dir():
-        raise RunNotFoundError(f"{run_dir}: an online run keeps its models as published versions "
-                               f"({run_dir / PUBLISHED}), which this command does not read: export one "
-                               f"(opengem export {run_dir}@N --out DIR) and score it with opengem serve or "
-                               "opengem.serve.Predictor")
+    best = False
+    if version is not None:
+        try:  # this version's manifest only: another version's damaged one must not block it
+            cfg_path, path = version_files(run_dir, version)
+        except VersionError as e:
+            known = _published(run_dir)
+            raise RunNotFoundError(f"{run_dir}@{version}: {e}" + (
+                f" (published: {', '.join(str(n) for n in known)})" if known else "")) from None
+    else:
+        if not (run_dir / ckpt.CHECKPOINTS).is_dir() and (run_dir / VERSIONS).is_dir():
+            known = _published(run_dir)
+            raise RunNotFoundError(
+                f"{run_dir}: an online run keeps its models as published versions ({run_dir / VERSIONS}): "
+                + (f"name one, e.g. {run_dir}@{known[-1]} (the newest)" if known
+                   else "none is published yet"))
+        cfg_path = run_dir / CONFIG_FILE
+        path, best = run_checkpoint(run_dir)
     cfg = load_run_config(cfg_path)
     prepare_compile(cfg)  # a compiled run evaluates with the same persistent compile cache
     data_path = Path(data_dir or cfg.data.path)
     ds = Dataset(data_path)
     dev = resolve_device(device or cfg.train.device)
-    path, best = run_checkpoint(run_dir)
     with process_group(dev) as pg, cpu_threads(cfg.train.threads):
         model = build_run_model(ds.schema, cfg, dev, pg).model
         step = ckpt.load_model(model, path)
         applied = (apply_run_calibration(model, run_dir, path, list(ds.schema.surfaces), ds.schema.task_names)
-                   if calibrated else None)
-        yield OpenRun(cfg, ds, data_path, model, dev, path, best, step, applied)
+                   if calibrated and version is None else None)
+        yield OpenRun(cfg, ds, data_path, model, dev, path, best, step, run_dir, version, applied)
 
 
 def evaluate_run(run_dir: str | Path, data_dir: str | Path | None = None, partitions: str | None = None,
                  device: str | None = None, write: bool = True) -> dict[str, Any]:
     """Rebuild a run's model, load its checkpoint, evaluate and write RUN/eval-<spec>.json (and
-    RUN/eval.json for the run's default selection); the result names the file in ``written``."""
-    run_dir = Path(run_dir)
+    RUN/eval.json for the run's default selection); the result names the file in ``written``. ``RUN@N``
+    evaluates published version N and writes RUN/eval-vNNNN-<spec>.json (and RUN/eval-vNNNN.json): the
+    version's own folder is a digest-checked checkpoint, never written after it is published."""
     with open_run(run_dir, data_dir, device) as r:
-        cfg, ds, data_path = r.cfg, r.ds, r.data_path
+        cfg, ds, data_path, run_dir, version = r.cfg, r.ds, r.data_path, r.run_dir, r.version
         spec = partitions or cfg.data.eval
         chosen = ds.select(spec)
         try:
             res = evaluate_model(r.model, make_loader(ds, spec, cfg.data, train=False), ds.schema, r.device)
         except EvalDataError as e:
             raise EvalDataError(f"{data_path}: partitions {', '.join(chosen)}: {e}") from None
-        path, step, best, calibration = r.checkpoint, r.step, r.best, r.calibration
+        path, step, kind, calibration = r.checkpoint, r.step, r.checkpoint_kind, r.calibration
     out: dict[str, Any] = {
         "model": cfg.model.name,
         "checkpoint": str(path),
-        "checkpoint_kind": "best (early stopping)" if best else "newest",
+        "checkpoint_kind": kind,
+        "version": version,
         "step": step,
         "calibration": calibration,
         "spec": spec,
@@ -239,9 +265,10 @@ def evaluate_run(run_dir: str | Path, data_dir: str | Path | None = None, partit
         ne = {**acc.results(), **acc.pooled_by_task().results()}
         out["oracle"] = {k: (v if v == v else None) for k, v in ne.items()}
     if write:
-        names = [eval_file_name(spec)]
+        names = [eval_file_name(spec, version)]
         if partitions is None or _default_selection(ds, cfg.data.eval) == chosen:
-            names.append("eval.json")  # the default selection: where the report and older readers look
+            # the default selection: where the report and older readers look
+            names.append("eval.json" if version is None else f"eval-v{version:04d}.json")
         for name in names:
             atomic_write_text(run_dir / name, json.dumps(out, indent=2))
         out["written"] = [str(run_dir / n) for n in names]
@@ -287,7 +314,8 @@ def format_metrics(results: dict[str, dict[str, Any]], oracle: dict[str, Any] | 
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_run_argument(p, many=True, help="training run folder(s) (config.toml and checkpoints/); several "
+    add_run_argument(p, many=True, help="training run folder(s) (config.toml and checkpoints/), or RUN@N: "
+                                        "published version N of an online run; several "
                                         "compare runs side by side on the same partitions; under torchrun, "
                                         "whose own --run-path swallows --run, give them as RUN or --run-dir")
     p.add_argument("--data", default=None, help="dataset folder (default: the one the run trained on)")

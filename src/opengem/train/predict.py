@@ -84,7 +84,7 @@ def predict_run(run_dir: str | Path, out: str | Path, data_dir: str | Path | Non
             tmp.unlink(missing_ok=True)
             raise
         return {"out": str(out), "rows": rows, "partitions": chosen, "checkpoint": str(r.checkpoint),
-                "checkpoint_kind": "best (early stopping)" if r.best else "newest", "step": r.step,
+                "checkpoint_kind": r.checkpoint_kind, "step": r.step, "version": r.version,
                 "calibration": r.calibration}
 
 
@@ -101,7 +101,8 @@ def _record_batch(batch: Any, probs: torch.Tensor, tasks: list[str], surfaces: l
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_run_argument(p)
+    add_run_argument(p, help="training run folder (config.toml and checkpoints/), or RUN@N: published "
+                             "version N of an online run")
     p.add_argument("--data", default=None, help="dataset folder (default: the one the run trained on)")
     p.add_argument("--partitions", default=None, help="partition spec (default: the run's data.eval)")
     p.add_argument("--out", required=True, help="predictions file to write (FILE.parquet)")

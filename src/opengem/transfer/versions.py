@@ -20,130 +20,29 @@ less often than the VM.
 from __future__ import annotations
 
 import copy
-import json
-import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow.parquet as pq
 
-from opengem.data.commit import atomic_write_text
 from opengem.data.dataset import Dataset
-from opengem.errors import OpengemError
 from opengem.train import checkpoint as ckpt
+from opengem.train.published import (  # the layout and its reading live beside evaluation (no trainer import)
+    VERSION_NAME,
+    VERSIONS,
+    FMVersion,
+    VersionError,
+    list_versions,
+    parse_fm_spec,
+    read_version,
+    version_dir,
+    write_manifest,
+)
 from opengem.train.trainer import Trainer, train
 
-VERSIONS = "versions"
-VERSION_NAME = re.compile(r"v\d+")
-
-
-@dataclass(frozen=True)
-class FMVersion:
-    version: int
-    trained_through_ts: int
-    path: Path  # the version's run folder (config.toml + checkpoints/)
-    partitions: tuple[str, ...] = ()  # every partition the version's weights trained on (its whole chain)
-    mode: str = "scratch"  # scratch | warm (module docstring); a manifest without the key (written before
-    # warm versions existed, or by the online trainer) reads as scratch
-    new_partitions: tuple[str, ...] = ()  # warm: the partitions this version's own run trained on
-    init_from: int | None = None  # warm: the version whose final state it started from (None: fresh)
-
-
-class VersionError(OpengemError, ValueError):
-    pass
-
-
-def version_dir(run: str | Path, version: int) -> Path:
-    return Path(run) / VERSIONS / f"v{version:04d}"
-
-
-def write_manifest(path: str | Path, version: int, trained_through_ts: int, **extra: Any) -> None:
-    path = Path(path)
-    rec = {"version": version, "trained_through_ts": int(trained_through_ts), **extra}
-    atomic_write_text(path / "manifest.json", json.dumps(rec, indent=2))
-
-
-def list_versions(run: str | Path) -> list[FMVersion]:
-    """Every published version of an FM run, oldest trained-through first.
-
-    Accepts ``RUN`` (reads RUN/versions/vNNNN/manifest.json) and tolerates ``trained_through`` as the key
-    name. A version folder without a manifest is still being written and is ignored, and so is one moved
-    aside (``vNNNN.old-<time>``, see ``train_fm_versions``).
-    """
-    root = Path(run) / VERSIONS
-    if not root.is_dir():
-        raise VersionError(
-            f"{run}: no {VERSIONS}/ folder (train FM versions first: "
-            "opengem.transfer.versions.train_fm_versions or online training)"
-        )
-    out = []
-    for d in sorted(root.glob("v*")):
-        m = d / "manifest.json"
-        if VERSION_NAME.fullmatch(d.name) and m.exists():  # not vNNNN.old-<time>: a version moved aside
-            out.append(_read_version(d, m))
-    if not out:
-        raise VersionError(f"{root}: no published version (no v*/manifest.json)")
-    return sorted(out, key=lambda v: (v.trained_through_ts, v.version))
-
-
-def read_version(run: str | Path, version: int) -> FMVersion:
-    """One published version of ``run`` from its own manifest only: a damaged manifest of *another*
-    version does not make this one unreadable (hot swap and ``opengem export RUN@N`` load one version;
-    a VersionError names the manifest when it is this version's that is damaged or missing)."""
-    d = version_dir(run, version)
-    m = d / "manifest.json"
-    if not m.is_file():
-        raise VersionError(f"{run}: no published version {version} (no {m})")
-    v = _read_version(d, m)
-    if v.version != version:
-        raise VersionError(f"{m}: says version {v.version}, its folder is {d.name}")
-    return v
-
-
-def _read_version(d: Path, m: Path) -> FMVersion:
-    """One version from its manifest; a manifest that is not what we write is refused, naming it (it decides
-    which checkpoint labels which example, so it is never guessed at)."""
-    try:
-        rec = json.loads(m.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise VersionError(f"{m}: unreadable manifest ({type(e).__name__}: {e}); republish the version or "
-                           "delete its folder") from None
-    if not isinstance(rec, dict):
-        raise VersionError(f"{m}: a manifest is a JSON object, found {type(rec).__name__}")
-    tt = rec.get("trained_through_ts", rec.get("trained_through"))
-    if tt is None or "version" not in rec:
-        raise VersionError(f"{m}: manifest needs 'version' and 'trained_through_ts'")
-    parts = rec.get("partitions", ())
-    try:
-        version, through = int(rec["version"]), int(tt)
-    except (TypeError, ValueError):
-        raise VersionError(f"{m}: 'version' and 'trained_through_ts' must be integers, found "
-                           f"{rec['version']!r} and {tt!r}") from None
-    new = rec.get("new_partitions", ())
-    for key, val in (("partitions", parts), ("new_partitions", new)):
-        if not isinstance(val, (list, tuple)) or not all(isinstance(p, str) for p in val):
-            raise VersionError(f"{m}: '{key}' must be a list of partition names, found {val!r}")
-    init_from = rec.get("init_from")
-    if init_from is not None and not isinstance(init_from, int):
-        raise VersionError(f"{m}: 'init_from' must be a version number or null, found {init_from!r}")
-    mode = str(rec.get("mode", "scratch"))
-    return FMVersion(version, through, d, tuple(parts), mode, tuple(new), init_from)
-
-
-def parse_fm_spec(spec: str) -> tuple[Path, int | None]:
-    """``RUN`` or ``RUN@version`` (pin one version for every example)."""
-    if "@" in spec:
-        run, v = spec.rsplit("@", 1)
-        try:
-            return Path(run), int(v.lstrip("v"))
-        except ValueError:
-            raise VersionError(
-                f"--fm {spec!r}: version after '@' must be an integer like 3 or v0003"
-            ) from None
-    return Path(spec), None
-
+__all__ = ["VERSION_NAME", "VERSIONS", "FMVersion", "VersionError", "list_versions", "parse_fm_spec",
+           "read_version", "version_dir", "write_manifest"]
 
 def select_versions(trained_through: np.ndarray, ts: np.ndarray, lag: int = 0) -> np.ndarray:
     """Index into ``trained_through`` (sorted ascending) of the version each example may use; -1 = none.
