@@ -57,18 +57,14 @@ from opengem.errors import DatasetError, TrainError
 from opengem.train import checkpoint as ckpt
 from opengem.train.config import RunConfig
 from opengem.train.data import prepare_data
+from opengem.train.published import VERSIONS, version_dir
 from opengem.train.run_dir import CONFIG_FILE, ResumeConfigError, saved_config_changes, shown_changes
 from opengem.train.run_log import RunLog, short_metrics
 from opengem.train.startup import StartupTimer
 from opengem.train.trainer import Trainer
 
-VERSIONS = "versions"
 MANIFEST = "manifest.json"
 STOP_FILE = "STOP"
-
-
-def version_dir(run_dir: str | Path, version: int) -> Path:
-    return Path(run_dir) / VERSIONS / f"v{version:04d}"
 
 
 def list_versions(run_dir: str | Path) -> list[dict[str, Any]]:
