@@ -138,6 +138,49 @@ def test_scale_fast_end_to_end(tmp_path):
     assert res["fit_form"] == "floor"
 
 
+def test_a_sweep_keeps_what_it_wrote(tmp_path, monkeypatch, capsys):
+    """sweep.toml is written with the results and re-runs them (the command line's run overrides
+    included); a re-run with another simulator config is refused before anything moves (OUT/data is read
+    by every run beside it; it was deleted and simulated anew); an unreadable result.json is said and
+    that run trained again instead of failing the study."""
+    import json
+
+    import opengem.train.trainer as trainer
+    from opengem.errors import UsageError
+
+    sweep = load_sweep_config(TINY_SWEEP, ["proxy.enabled=false", "fit=floor"])
+    sweep.families = [FamilySweep(name="gem", sizes=[{"model.embedding.d": 8}])]
+    sweep.reference = "gem"
+    extra = ["data.sim.rows=1200", "data.batch_size=64"]
+    run_sweep(sweep, tmp_path, run_overrides=extra, log=lambda m: None)
+    saved = load_sweep_config(tmp_path / "sweep.toml")
+    assert saved.overrides[-2:] == extra
+    summary = (tmp_path / "data" / "summary.json").read_text()
+    with pytest.raises(UsageError, match=r"data: holds data simulated with another simulator config "
+                                         r"\(rows 1200 -> 1300\)"):
+        run_sweep(sweep, tmp_path, run_overrides=["data.sim.rows=1300", "data.batch_size=64"],
+                  log=lambda m: None)
+    assert (tmp_path / "data" / "summary.json").read_text() == summary
+    assert not list((tmp_path / "runs").glob("*.old-*"))
+    run = tmp_path / "runs" / "gem-00"
+    (run / "result.json").write_text((run / "result.json").read_text()[:40])
+    trained = []
+    real_train = trainer.train
+    monkeypatch.setattr(trainer, "train", lambda cfg, run_dir, **kw: trained.append(run_dir) or
+                        real_train(cfg, run_dir, **kw))
+    run_sweep(sweep, tmp_path, run_overrides=extra, log=lambda m: None)
+    assert trained == [run] and "gem-00/result.json: unreadable" in capsys.readouterr().err
+    assert json.loads((run / "result.json").read_text())["summary"]
+
+
+def test_a_sweep_names_a_reference_or_metric_it_does_not_have(tmp_path):
+    for override, why in (("reference=foo", "reference = 'foo' is not one of the families"),
+                          ("metric=bogus", "metric must be surface_task, tasks or one NE key")):
+        with pytest.raises(ConfigError, match=why):
+            load_sweep_config(TINY_SWEEP, [override])
+    load_sweep_config(TINY_SWEEP, ["metric=all/click"])
+
+
 def _as_written_before_a_knob(runs: list) -> None:
     """Make finished runs look written by older code that lacked a knob: another hash (it covers every
     field) and a config.toml without the knob (which reads as its default)."""

@@ -11,6 +11,7 @@ float) rebuilds a different model.
 from __future__ import annotations
 
 import dataclasses
+import os
 import tomllib
 import types
 import typing
@@ -182,8 +183,15 @@ def _source(message: str, overrides: list[str], path: str | Path | None) -> str:
 
 
 def save_config(cfg: Any, path: str | Path) -> None:
-    """Write the resolved config as TOML that :func:`load_config` reads back to an equal config."""
-    Path(path).write_text(dumps_toml(to_dict(cfg)), encoding="utf-8")
+    """Write the resolved config as TOML that :func:`load_config` reads back to an equal config; replaced
+    whole (a process killed while writing leaves the old file, never half of one)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_text(dumps_toml(to_dict(cfg)), encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def flatten_dict(d: dict[str, Any], sep: str = ".", prefix: str = "") -> dict[str, Any]:

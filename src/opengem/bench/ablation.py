@@ -51,7 +51,7 @@ from opengem.bench.isoflop import (
 )
 from opengem.bench.isoflop_rule import nan_last, next_rate
 from opengem.bench.size_ladder import FamilySweep, selection_ne
-from opengem.bench.worker_process import train_in_worker_process
+from opengem.bench.worker_process import publish_config, running_config, train_in_worker_process
 from opengem.config import ConfigError, load_config, save_config
 from opengem.errors import TrainError
 
@@ -384,11 +384,12 @@ def run_ablation(cfg: AblationConfig, out: str | Path, data_dir: str | Path | No
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    save_config(cfg, out / "ablation.toml")
+    save_config(cfg, running_config(out, "ablation.toml"))  # ablation.toml once the results are written
     t_start = time.perf_counter()
     st = prepare_study(as_isoflop(cfg), out, data_dir, list(run_overrides or []), log, plan_only)
     plan = make_plan(cfg, st, timed=plan_only and time_plan)
     if plan_only:
+        running_config(out, "ablation.toml").unlink()  # a plan writes no study
         return {"plan": plan, "plan_text": plan_text(plan)}
     fams = {f.name: f for f in configurations(cfg)}
     steps = {r["name"]: r["steps"] for r in plan["configs"]}
@@ -412,7 +413,7 @@ def run_ablation(cfg: AblationConfig, out: str | Path, data_dir: str | Path | No
             if now:
                 train_in_worker_process(
                     "opengem.bench.ablation_worker",
-                    [str(out / "ablation.toml"), str(out), str(st.data), name,
+                    [str(running_config(out, "ablation.toml")), str(out), str(st.data), name,
                      "recipe" if lr is None else format(lr, "g"), str(seed), variant.name if variant else "-",
                      *st.extra], out, run_dir, "ablation")
                 rec = finished_run(rc, run_dir, st.test_spec, cfg.eval_rows, cfg.calibrate, cfg.eval_sample)
@@ -469,6 +470,7 @@ def run_ablation(cfg: AblationConfig, out: str | Path, data_dir: str | Path | No
     result["elapsed_s"] = time.perf_counter() - t_start
     result["runs_trained_now"] = trained[0]
     write_ablation_outputs(out, rows, result)
+    publish_config(out, "ablation.toml")
     return result
 
 

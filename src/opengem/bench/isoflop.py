@@ -53,8 +53,8 @@ from opengem.bench.frontier_scoring import (
 )
 from opengem.bench.isoflop_rule import Job, family_rule, run_name, run_rules
 from opengem.bench.run_identity import config_sha256, is_same_run
-from opengem.bench.size_ladder import FamilySweep, selection_ne, size_overrides
-from opengem.bench.worker_process import train_in_worker_process
+from opengem.bench.size_ladder import FamilySweep, check_metric, selection_ne, size_overrides
+from opengem.bench.worker_process import publish_config, running_config, train_in_worker_process
 from opengem.config import ConfigError, load_config, save_config
 from opengem.data.commit import atomic_write_text
 from opengem.errors import TrainError
@@ -158,6 +158,13 @@ def load_isoflop_config(path: str | Path, overrides: list[str] | None = None,
     if not base.exists():
         raise ConfigError(f"{path}: base = {cfg.base!r}: run recipe not found")
     cfg.base = str(base.resolve())
+    every = [f.name for f in cfg.families]
+    # checked before --families narrows the study (it may leave the reference out); a study's own saved
+    # config (run_families set, families already narrowed) was checked when it was first loaded
+    if cfg.reference not in every and not cfg.run_families:
+        raise ConfigError(f"{path}: reference = {cfg.reference!r} is not one of the families "
+                          f"({', '.join(every)})")
+    check_metric(cfg.metric, str(path))
     if families is None and cfg.run_families:
         families = list(cfg.run_families)
     if families is not None:
@@ -596,12 +603,13 @@ def run_study(cfg: IsoflopConfig, out: str | Path, data_dir: str | Path | None =
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    save_config(cfg, out / "isoflop.toml")
+    save_config(cfg, running_config(out, "isoflop.toml"))  # isoflop.toml once the results are written
     t_start = time.perf_counter()
     st = prepare_study(cfg, out, data_dir, list(run_overrides or []), log, plan_only)
     batch = _batch_size(st)
     plan = plan_grid(cfg.budgets, st.fwd, batch, st.train_rows, cfg.min_steps, cfg.max_epochs)
     if plan_only:
+        running_config(out, "isoflop.toml").unlink()  # a plan writes no study
         return {"plan": [asdict(p) for p in plan], "train_rows": st.train_rows, "batch_size": batch,
                 "plan_text": format_plan(plan, len(cfg.lr_grid), cfg.seeds, cfg.size_seeds,
                                          cfg.size_finalists,
@@ -668,6 +676,7 @@ def run_study(cfg: IsoflopConfig, out: str | Path, data_dir: str | Path | None =
     result["elapsed_s"] = time.perf_counter() - t_start
     result["runs_trained_now"] = counter[0]
     write_study_outputs(out, records, result)
+    publish_config(out, "isoflop.toml")
     return result
 
 
@@ -773,6 +782,6 @@ def _train_in_process_of_its_own(out: Path, st: Study, job: Job, run_dir: Path) 
     """Train one run with bench/isoflop_worker.py in a process of its own, as the study would here."""
     return train_in_worker_process(
         "opengem.bench.isoflop_worker",
-        [str(out / "isoflop.toml"), str(out), str(st.data), job.family, str(job.size), str(job.budget),
-         "recipe" if job.lr is None else format(job.lr, "g"), str(job.seed), *st.extra],
+        [str(running_config(out, "isoflop.toml")), str(out), str(st.data), job.family, str(job.size),
+         str(job.budget), "recipe" if job.lr is None else format(job.lr, "g"), str(job.seed), *st.extra],
         out, run_dir, "isoflop")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import json
 import math
 import sys
@@ -31,8 +32,16 @@ import numpy as np
 
 from opengem.bench.fit import PowerLaw, efficiency_ratios, fit_power_law, spearman
 from opengem.bench.run_identity import config_sha256, is_same_run
-from opengem.bench.size_ladder import FamilySweep, metric_keys, oracle_with_totals, select_ne, size_overrides
+from opengem.bench.size_ladder import (
+    FamilySweep,
+    check_metric,
+    metric_keys,
+    oracle_with_totals,
+    select_ne,
+    size_overrides,
+)
 from opengem.config import ConfigError, load_config, save_config
+from opengem.data.commit import atomic_write_text
 from opengem.errors import UsageError
 
 FIT_FORMS = ("free", "floor")
@@ -86,6 +95,10 @@ def validate_sweep(cfg: SweepConfig, where: str = "sweep") -> None:
     for f in cfg.families:
         if not size_overrides(f):
             raise ConfigError(f"{where}: family {f.name!r} has neither grid nor sizes")
+    if cfg.reference not in names:
+        raise ConfigError(f"{where}: reference = {cfg.reference!r} is not one of the families "
+                          f"({', '.join(names)})")
+    check_metric(cfg.metric, where)
     if not 0 < cfg.proxy.rows_fraction <= 1:
         raise ConfigError(f"{where}: proxy.rows_fraction must be in (0, 1] (got {cfg.proxy.rows_fraction})")
     if cfg.proxy.d_divisor < 1 or cfg.proxy.d_multiple < 1:
@@ -134,17 +147,30 @@ def run_one(cfg: Any, run_dir: Path) -> dict[str, Any]:
 
     ident = config_sha256(cfg)
     done = run_dir / "result.json"
-    if done.exists():
-        rec = json.loads(done.read_text())
-        if is_same_run(cfg, run_dir, rec.get("config_sha256")):
-            return rec
+    rec = _read_result(done)
+    if rec is not None and is_same_run(cfg, run_dir, rec.get("config_sha256")):
+        return rec
     summary = train(cfg, run_dir, data_dir=cfg.data.path, force=True)
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
     setup = [r for r in records if r.get("kind") == "setup"][-1]  # --force moved any old run aside
     rec = {"config_sha256": ident, "summary": summary, "dense_params": setup.get("dense_params"),
            "embedding_params": setup.get("embedding_params")}
-    done.write_text(json.dumps(rec, indent=2))
+    atomic_write_text(done, json.dumps(rec, indent=2))
     return rec
+
+
+def _read_result(path: Path) -> dict[str, Any] | None:
+    """A finished run's record, or None: none there, or one that cannot be read (cut short, edited), which
+    is said and the run trained again rather than trusted or left to fail the study."""
+    try:
+        rec = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        print(f"scale: {path}: unreadable ({type(e).__name__}: {e}); training that run again",
+              file=sys.stderr, flush=True)
+        return None
+    return rec if isinstance(rec, dict) and isinstance(rec.get("summary"), dict) else None
 
 
 # --------------------------------------------------------------------------- the sweep
@@ -158,7 +184,6 @@ def run_sweep(sweep: SweepConfig, out: str | Path, data_dir: str | Path | None =
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    save_config(sweep, out / "sweep.toml")
     extra = list(run_overrides or [])
     base = load_run_config(sweep.base, [*sweep.overrides, *extra])
     t0 = time.perf_counter()
@@ -202,7 +227,10 @@ def run_sweep(sweep: SweepConfig, out: str | Path, data_dir: str | Path | None =
     result = summarize(sweep, rows, oracle, keys or [])
     write_outputs(out, rows, result)
     result["elapsed_s"] = time.perf_counter() - t0
-    (out / "fits.json").write_text(json.dumps(result, indent=2, default=_json_default))
+    atomic_write_text(out / "fits.json", json.dumps(result, indent=2, default=_json_default))
+    # written with the results it describes (a re-run stopped early leaves the last finished study's), the
+    # command line's run overrides included: the file re-runs this sweep as it is
+    save_config(dataclasses.replace(sweep, overrides=[*sweep.overrides, *extra]), out / "sweep.toml")
     return result
 
 
@@ -338,11 +366,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "components at equal compute, and the proxy (bench/ablation.py)")
     p.add_argument("--config", default=None, help="sweep or study TOML (e.g. configs/scaling-tiny.toml; "
                    "isoflop default: configs/isoflop[-<budget>].toml)")
-    p.add_argument("--budget", choices=("small", "default", "large"), default="default",
-                   help="isoflop: small (minutes, CPU), default (~70 min on 2 AVX-512 cores, "
-                        "~110-125 on AVX2), large (one H200)")
+    p.add_argument("--budget", choices=("small", "default", "large"), default=None,
+                   help="isoflop and ablation: small (minutes, CPU), default (the default; ~70 min on 2 "
+                        "AVX-512 cores, ~110-125 on AVX2), large (one H200)")
     p.add_argument("--families", default=None, help="isoflop: comma-separated subset, e.g. gem,dcnv2,dlrm")
-    p.add_argument("--plan", action="store_true", help="isoflop: print the rows each run gets and stop")
+    p.add_argument("--plan", action="store_true",
+                   help="isoflop and ablation: print the rows each run gets and stop")
     p.add_argument("--out", default=None, help="output folder (default: runs/scale/<config name>)")
     p.add_argument("--data", default=None, help="canonical dataset folder (default: simulate once)")
     p.add_argument("--set", dest="sweep_overrides", action="append", default=[],
@@ -357,6 +386,11 @@ def run(args: argparse.Namespace) -> int:
         from opengem.bench.ablation import run_cli
 
         return run_cli(args)
+    given = [flag for flag, value in (("--budget", args.budget), ("--families", args.families),
+                                      ("--plan", args.plan)) if value]
+    if given:  # the sweep would otherwise ignore them and train every run
+        raise UsageError(f"{', '.join(given)}: options of --design isoflop (and ablation); a sweep runs "
+                         "every family and size of its --config")
     if not args.config:
         raise UsageError("--design sweep needs --config (e.g. configs/scaling-tiny.toml)")
     sweep = load_sweep_config(args.config, args.sweep_overrides)
@@ -371,7 +405,7 @@ def run_isoflop(args: argparse.Namespace) -> int:
     from opengem.bench.isoflop import default_config_path, load_isoflop_config, run_study
     from opengem.bench.isoflop_report import format_study
 
-    path = Path(args.config) if args.config else default_config_path(args.budget)
+    path = Path(args.config) if args.config else default_config_path(args.budget or "default")
     fams = [f.strip() for f in args.families.split(",") if f.strip()] if args.families else None
     cfg = load_isoflop_config(path, args.sweep_overrides, fams)
     out = Path(args.out or Path("runs/scale") / path.stem)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,17 @@ def selection_ne(metrics: dict[str, Any] | None, metric: str) -> float:
     if not metrics:
         return float("nan")
     return select_ne(metrics, metric_keys(metric, sorted(metrics)))
+
+
+METRIC_FORMS = ("surface_task", "tasks")  # or one NE key such as "all/click"
+
+
+def check_metric(metric: str, where: str) -> None:
+    """Refuse at load time a metric that can be neither form nor a ``surface/task`` key (it would fail only
+    after the first run, or never in a plan)."""
+    if metric not in METRIC_FORMS and not re.fullmatch(r"[^/\s]+/[^/\s]+", metric):
+        raise ConfigError(f"{where}: metric must be surface_task, tasks or one NE key such as all/click "
+                          f"(got {metric!r})")
 
 
 def metric_keys(metric: str, available: list[str]) -> list[str]:

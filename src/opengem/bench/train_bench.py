@@ -72,7 +72,7 @@ def bench_train(cfg: RunConfig, run_dir: str | Path, data_dir: str | Path | None
         raise UsageError(f"bench: need steps >= 1, windows >= 1, warmup >= 0, pool >= 1 "
                          f"(got {steps}, {windows}, {warmup}, {pool})")
     cfg.validate()
-    data_path = prepare_data(cfg.data, run_dir, data_dir)
+    data_path = prepare_data(cfg.data, run_dir, data_dir, replace=True)  # the benchmarks' scratch data
     mem = PeakMemory(resolve_device(cfg.train.device))
     mem.start()
     t0 = time.perf_counter()

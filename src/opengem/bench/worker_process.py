@@ -86,3 +86,15 @@ def train_in_worker_process(module: str, args: list[str], out: Path, run_dir: Pa
         raise TrainError(f"{study}: run {run_dir.name} failed (exit {code}): {(tail or ['(no output)'])[0]} "
                          f"(log: {log_path})")
     return json.loads((run_dir / "result.json").read_text())
+
+
+def running_config(out: Path, name: str) -> Path:
+    """Where a study's resolved config lives while it runs (its workers read it there):
+    ``OUT/.<name>.running``. :func:`publish_config` makes it ``OUT/<name>`` once the results it describes
+    are written, so a re-run stopped early leaves the config of the results beside it, not of a study that
+    never finished."""
+    return out / f".{name}.running"
+
+
+def publish_config(out: Path, name: str) -> None:
+    os.replace(running_config(out, name), out / name)

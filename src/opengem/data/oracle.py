@@ -100,10 +100,12 @@ def format_table(table: list[dict], title: str = "oracle NE") -> str:
     """Text table of ``NEAccumulator.table()`` rows; the base-rate NE (1.0 by definition) is for scale."""
     lines = [f"{title}", f"{'surface/task':<28}{'rows':>10}{'rate':>10}{'mean p':>10}{'oracle NE':>11}"
              f"{'base NE':>9}"]
+    def cell(x: float | None, width: int) -> str:  # None / NaN: a surface x task with no observed row
+        return f"{x:>{width}.4f}" if x is not None and x == x else f"{'n/a':>{width}}"
+
     for r in table:
-        ne = r["ne"]
-        ne_s = f"{ne:>11.4f}" if ne is not None and ne == ne else f"{'n/a':>11}"
-        lines.append(f"{r['key']:<28}{r['rows']:>10d}{r['rate']:>10.4f}{r['mean_p']:>10.4f}{ne_s}{1.0:>9.3f}")
+        lines.append(f"{r['key']:<28}{r['rows']:>10d}{cell(r['rate'], 10)}{cell(r['mean_p'], 10)}"
+                     f"{cell(r['ne'], 11)}{1.0:>9.3f}")
     return "\n".join(lines)
 
 

@@ -7,7 +7,8 @@ configs, docs) does not import the generator.
 from __future__ import annotations
 
 import io
-from dataclasses import asdict, dataclass
+import math
+from dataclasses import asdict, dataclass, fields
 from functools import cache
 from typing import Any
 
@@ -117,6 +118,9 @@ class SimConfig:
                 name = f"{where}.{key}" if where else key
                 raise SimConfigError(f"{name}: {msg} (got {getattr(self, key)!r})")
 
+        for f in fields(self):  # NaN passes every comparison below as false, inf some of them
+            value = getattr(self, f.name)
+            need(not isinstance(value, float) or math.isfinite(value), f.name, "must be a finite number")
         need(self.rows > 0, "rows", "must be > 0")
         need(self.match_recent >= 0, "match_recent", "must be >= 0 (0: no match features)")
         need(self.days > 0, "days", "must be > 0")
@@ -125,7 +129,8 @@ class SimConfig:
                   "countries", "devices", "interests_max", "latent_dim", "emb_dim", "chunk_rows", "recent_k"):
             need(getattr(self, k) >= 1, k, "must be >= 1")
         need(self.ads >= self.topics, "ads", f"must be >= topics ({self.topics}): every topic needs an ad")
-        need(self.interests_max <= self.topics, "interests_max", "must be <= topics")
+        need(self.topics >= self.interests_max, "topics",
+             f"must be >= interests_max ({self.interests_max}, the most interests a user has)")
         need(self.seq_mean >= 0, "seq_mean", "must be >= 0")
         need(self.seq_max >= 1, "seq_max", "must be >= 1")
         need(self.seq_mean <= self.seq_max, "seq_mean", f"must be <= seq_max ({self.seq_max})")

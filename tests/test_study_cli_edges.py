@@ -1,0 +1,69 @@
+"""What the bug hunt of session 55 found in simulate, scale and the studies, pinned: each bad input is one
+line with the right exit code, a plan writes no study, and nothing a study wrote is lost or left
+disagreeing with its results."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cli_helpers import one_error_line, run_cli
+from opengem.data.oracle import format_table
+from opengem.data.sim_config import SimConfig, SimConfigError
+from opengem.train.config import DataConfig
+from opengem.train.data import prepare_data
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY_SWEEP = ROOT / "configs" / "scaling-tiny.toml"
+
+
+@pytest.mark.parametrize("flag", ["--plan", "--families=gem", "--budget=small"])
+def test_a_sweep_refuses_the_study_options_it_would_ignore(tmp_path: Path, capsys, flag: str) -> None:  # type: ignore
+    rc, err = run_cli(capsys, ["scale", "--config", str(TINY_SWEEP), flag, "--out", str(tmp_path / "s")])
+    line = one_error_line(err, "scale")
+    assert rc == 2 and "options of --design isoflop (and ablation)" in line, line
+    assert not (tmp_path / "s").exists()
+
+
+def test_an_isoflop_plan_writes_no_study_config(tmp_path: Path, capsys) -> None:  # type: ignore
+    rc, _ = run_cli(capsys, ["scale", "--design", "isoflop", "--budget", "small", "--families", "gem",
+                             "--plan", "--set", "budgets=[3.8e8,1.2e9]", "--out", str(tmp_path / "iso")])
+    assert rc == 0
+    assert not (tmp_path / "iso" / "isoflop.toml").exists()
+    assert not list((tmp_path / "iso").glob(".*.running"))
+
+
+@pytest.mark.parametrize("key", ["click_scale", "drift_rad_per_day", "seq_mean"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_every_float_of_the_simulator_must_be_finite(key: str, value: float) -> None:
+    with pytest.raises(SimConfigError, match=rf"data.sim.{key}: must be a finite number"):
+        SimConfig.from_dict({key: value})
+
+
+def test_fewer_topics_than_interests_names_topics(tmp_path: Path, capsys) -> None:  # type: ignore
+    rc, err = run_cli(capsys, ["simulate", "--out", str(tmp_path / "d"), "--rows", "200", "--topics", "3"])
+    line = one_error_line(err, "simulate")
+    assert rc == 2 and "topics: must be >= interests_max (5" in line, line
+
+
+def test_the_oracle_table_shows_a_cell_with_no_rows() -> None:
+    table = format_table([{"key": "video/click", "rows": 0, "rate": None, "mean_p": None, "ne": None}])
+    assert table.splitlines()[-1].split() == ["video/click", "0", "n/a", "n/a", "n/a", "1.000"]
+
+
+def test_simulated_data_of_another_config_is_kept_unless_a_scratch_cache(tmp_path: Path) -> None:
+    small = DataConfig(sim={"rows": 600, "days": 3, "users": 50, "ads": 20, "topics": 10})
+    first = prepare_data(small, tmp_path)
+    summary = (first / "summary.json").read_text()
+    assert prepare_data(small, tmp_path) == first  # the same config: reused
+    other = DataConfig(sim={**small.sim, "rows": 700})
+    from opengem.errors import UsageError
+
+    with pytest.raises(UsageError, match=r"another simulator config \(rows 600 -> 700\)"):
+        prepare_data(other, tmp_path)
+    assert (first / "summary.json").read_text() == summary
+    assert '"rows": 700' in (prepare_data(other, tmp_path, replace=True) / "summary.json").read_text()
+    # a writer killed before it finished leaves no complete dataset: simulated anew, not refused
+    (first / "_COMPLETE").unlink()
+    assert prepare_data(small, tmp_path) == first and '"rows": 600' in (first / "summary.json").read_text()
