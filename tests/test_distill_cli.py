@@ -353,3 +353,65 @@ def test_a_finished_run_is_not_overwritten_or_resumed_differently(fm_batch, runs
                                "--out", str(runs["kd"]), *FAST, *OFF, *KD, *extra])
     assert rc == 2 and needle in one_error_line(err, "distill")
     assert sorted(p.name for p in runs["kd"].iterdir()) == before
+
+
+# ----------------------------------------------------------------------------- inputs are never overwritten
+def _tree(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("where", ["data_inside_out", "out_is_a_dataset"])
+def test_an_out_holding_the_inputs_or_a_dataset_is_refused_before_writing(fm_batch, tmp_path, capsys, where):
+    """distill writes OUT/data (schema.toml first) and OUT/knowledge: with --data at OUT/data the input's
+    schema.toml was overwritten by the VM's (the dataset then failed validate and train); a dataset given as
+    --out had data/, knowledge/ and distill.json written into it before it was refused."""
+    import shutil
+
+    fm, data = fm_batch
+    copy = tmp_path / "proj" / "data" if where == "data_inside_out" else tmp_path / "dsc"
+    shutil.copytree(data, copy)
+    before = _tree(copy)
+    inside = where == "data_inside_out"
+    out = copy.parent if inside else copy
+    rc, err = run_cli(capsys, ["distill", "--fm", str(fm), "--vm-config", RECIPE, "--data",
+                               str(copy if inside else data), "--out", str(out), *FAST, *OFF])
+    line = one_error_line(err, "distill")
+    assert rc == 2 and ("lies inside --out" if inside else "this is a dataset folder") in line
+    assert _tree(copy) == before
+
+
+def test_a_side_table_of_other_rows_or_lag_is_refused(fm_batch, fm_online, tmp_path, capsys):
+    """Rows are joined to the side table by example id: one made from another dataset gave every row
+    another row's FM labels and embeddings, silently; one made with another --lag another teacher."""
+    import shutil
+
+    _, data = fm_batch
+    side = tmp_path / "side"
+    assert main(["generate", "--fm", str(fm_online), "--data", str(data), "--out", str(side),
+                 "--partitions", "day=002", "--embeddings", "", "--lag", "1"]) == 0
+    rc, err = run_cli(capsys, ["distill", "--fm", str(fm_online), "--vm-config", RECIPE, "--data", str(data),
+                               "--out", str(tmp_path / "vm"), "--knowledge", str(side), *FAST, *OFF, *KD])
+    assert rc == 2 and "distill.lag (it has --lag 1, the recipe 0)" in one_error_line(err, "distill")
+    rewritten = tmp_path / "rewritten"  # the same schema and example ids, written anew: other rows
+    shutil.copytree(data, rewritten)
+    marker = json.loads((rewritten / "_COMPLETE").read_text())
+    (rewritten / "_COMPLETE").write_text(json.dumps({**marker, "written_at": "2030-01-01T00:00:00Z"}))
+    rc, err = run_cli(capsys, ["distill", "--fm", str(fm_online), "--vm-config", RECIPE, "--data",
+                               str(rewritten), "--out", str(tmp_path / "vm2"), "--knowledge", str(side),
+                               *FAST, *OFF, *KD, "distill.lag=1"])
+    assert rc == 2 and "--data (it was made from" in one_error_line(err, "distill")
+
+
+def test_a_failed_online_start_does_not_stick(fm_batch, fm_online, tmp_path, capsys):
+    """An online distillation that failed before its first window (here: every FM version trained on the
+    first window's rows, with param sharing) left RUN/data behind, and the fixed command was refused with
+    the old reason as if it were a restart."""
+    _, data = fm_batch
+    out = tmp_path / "vmo"
+    base = ["distill", "--online", "--fm", str(fm_online), "--vm-config", RECIPE, "--data", str(data),
+            "--out", str(out), "train.online_max_idle_s=0", "train.progress=false", *OFF,
+            'distill.param_sharing="frozen"']
+    rc, err = run_cli(capsys, base)
+    assert rc == 2 and "distill.param_sharing" in one_error_line(err, "distill")
+    assert main([*base, 'train.online_first="day=002"']) == 0
+    assert Dataset(out / "data").partitions()[0] == "day=002"

@@ -41,6 +41,7 @@ from opengem.data.commit import atomic_write_text
 from opengem.data.dataset import Dataset
 from opengem.data.loader import ParquetLoader
 from opengem.errors import TrainError
+from opengem.train import run_dir as rundir
 from opengem.train.distributed import process_group
 from opengem.train.env import resolve_device
 from opengem.train.evaluate import EvalDataError
@@ -52,7 +53,9 @@ from opengem.transfer.distill_run import (
     DISTILL_JSON,
     DISTILL_TOML,
     build_plain,
+    check_out_folder,
     check_resume,
+    clear_failed_start,
     first_ts,
     recipe,
     resolved_sources,
@@ -137,7 +140,8 @@ class OnlineDistill:
     def _side(self, spec: str, folder: str, part: str, embeddings: tuple[str, ...]) -> pa.Table:
         """One window's side table, generated now from the versions published now."""
         if self.knowledge_dir and folder == "knowledge":
-            return given_side_table(self.knowledge_dir, self.fm_run, [part], list(embeddings))
+            return given_side_table(self.knowledge_dir, self.fm, self.src, self.cfg.distill.lag, [part],
+                                    list(embeddings))
         out = self.out / folder / part
         shutil.rmtree(out, ignore_errors=True)  # not trained yet: label it with today's versions
         _, versions = fm_versions(spec)
@@ -222,8 +226,13 @@ def distill_online(cfg: DistillConfig, fm: str, data: str, out: str | Path, *,
 def _distill_online(run: OnlineDistill, stop_event: threading.Event | None, settle_s: float
                     ) -> dict[str, Any]:
     cfg, out = run.cfg, run.out
-    if (out / DISTILL_JSON).exists():  # a restart: same FM, data and recipe, or RUN/data would mix them
-        check_resume(out, cfg, run.sources, allow=False)
+    check_out_folder(out, run.sources)
+    started = rundir.holds_run(out)  # a window was trained and checkpointed
+    if (out / DISTILL_JSON).exists():
+        if started:  # a restart: same FM, data and recipe, or RUN/data would mix them
+            check_resume(out, cfg, run.sources, allow=False)
+        else:  # a start that failed before its first window: built again from today's inputs and config
+            clear_failed_start(out)
     out.mkdir(parents=True, exist_ok=True)
     save_config(cfg, out / DISTILL_TOML)
     atomic_write_text(out / DISTILL_JSON, json.dumps({"sources": run.sources.record(), "online": True,
@@ -233,7 +242,7 @@ def _distill_online(run: OnlineDistill, stop_event: threading.Event | None, sett
     (out / STOP_FILE).unlink(missing_ok=True)
     windows: list[dict[str, Any]] = []
     try:
-        if (run.vm_data / "schema.toml").exists():  # a restart: continue after the windows trained
+        if started and (run.vm_data / "schema.toml").exists():  # a restart: after the windows trained
             run.start_trainer()
         done = run.trainer.windows_done if run.trainer else []
         watch = PartitionWatch(run.src, done, first=t.online_first, until=t.online_until, settle_s=settle_s)

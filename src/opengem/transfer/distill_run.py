@@ -98,8 +98,7 @@ def prepare_run_folder(out: Path, cfg: DistillConfig, src: Sources, *, resume: b
     training starts."""
     if resume and force:
         raise UsageError("--resume continues the run in the folder and --force moves it aside: give one")
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"{out}: --out is a file, not a folder; choose a folder for the run")
+    check_out_folder(out, src)
     if rundir.holds_run(out):
         if resume:
             return None, check_resume(out, cfg, src, allow_config_change)
@@ -109,9 +108,29 @@ def prepare_run_folder(out: Path, cfg: DistillConfig, src: Sources, *, resume: b
         with rundir.RunLock(out):
             return rundir.move_aside(out), []
     if (out / DISTILL_JSON).exists():  # a start that failed before training: its inputs may differ
-        for name in ("data", "knowledge", "knowledge_domain"):
-            shutil.rmtree(out / name, ignore_errors=True)
+        clear_failed_start(out)
     return None, []
+
+
+def clear_failed_start(out: Path) -> None:
+    """What a distillation that failed before its first checkpoint built (made again from today's inputs)."""
+    for name in ("data", "knowledge", "knowledge_domain"):
+        shutil.rmtree(out / name, ignore_errors=True)
+
+
+def check_out_folder(out: Path, src: Sources) -> None:
+    """Refuse, before anything is written, an --out that is a file or a dataset, or that holds the inputs:
+    distill writes ``OUT/data`` (the VM's rows, schema.toml first) and ``OUT/knowledge``, and rebuilds them
+    after a failed start, so a --data or --knowledge inside --out would be overwritten."""
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"{out}: --out is a file, not a folder; choose a folder for the run")
+    if (out / "schema.toml").exists() and not rundir.holds_run(out):
+        raise UsageError(f"{out}: this is a dataset folder (it has schema.toml), not a run folder; pass it "
+                         "as --data and choose another --out")
+    for flag, path in (("--data", src.data), ("--knowledge", src.knowledge)):
+        if path and Path(path).resolve().is_relative_to(out.resolve()):
+            raise UsageError(f"{flag} {path}: lies inside --out {out}, whose data/ and knowledge/ distill "
+                             "writes; choose another --out")
 
 
 def check_resume(out: Path, cfg: DistillConfig, src: Sources, allow: bool) -> list[str]:
@@ -239,7 +258,7 @@ def knowledge(p: Plan, out: Path, src: Sources) -> tuple[pa.Table | None, pa.Tab
     side = None
     if (kd and not d.hierarchical) or emb:
         if src.knowledge:
-            side = given_side_table(src.knowledge, p.fm_run, fm_parts, list(emb))
+            side = given_side_table(src.knowledge, src.fm, p.src, d.lag, fm_parts, list(emb))
         else:
             side = side_table(src.fm, p.versions, src.data, out / "knowledge", fm_parts, embeddings=emb,
                               lag=d.lag, batch_size=max(cfg.data.batch_size, 1024), threads=cfg.train.threads)

@@ -99,17 +99,38 @@ def side_table(spec: str, versions: list[FMVersion], data_dir: str, out: Path, p
     return read_side_table(out, parts)
 
 
-def given_side_table(knowledge: str, run: Path, parts: list[str], embeddings: list[str]) -> pa.Table:
-    """A side table made by ``opengem generate``: it must come from ``run`` and cover ``parts``."""
+def given_side_table(knowledge: str, fm: str, data: Dataset, lag: int, parts: list[str],
+                     embeddings: list[str]) -> pa.Table:
+    """A side table made by ``opengem generate``: it must come from FM ``fm`` (the same pinned version, if
+    any) and ``--lag``, on the rows of ``data``, and cover ``parts``. Rows are joined by example id, so a
+    table made from another dataset would give every row another row's labels and embeddings."""
     path = Path(knowledge)
+    run, pinned = parse_fm_spec(fm)
     try:
         made = json.loads((path / SETTINGS).read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise DatasetError(f"--knowledge {knowledge}: no {SETTINGS}: not a side table from `opengem generate`"
                            ) from None
-    if Path(made.get("fm", "")) != run.resolve():
-        raise UsageError(f"--knowledge {knowledge} was generated from FM {made.get('fm')}, not --fm {run}: "
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise DatasetError(f"--knowledge {knowledge}: {SETTINGS} unreadable ({type(e).__name__}); generate "
+                           "it again") from None
+    if not isinstance(made, dict) or Path(made.get("fm", "")) != run.resolve():
+        fm_made = made.get("fm") if isinstance(made, dict) else None
+        raise UsageError(f"--knowledge {knowledge} was generated from FM {fm_made}, not --fm {run}: "
                          "pass the FM it came from")
+    written_at = (data.marker or {}).get("written_at")
+    same_rows = (made.get("data_written_at") == written_at if written_at and made.get("data_written_at")
+                 else Path(made.get("data", "")) == data.root.resolve())
+    differ = [what for what, ok in (
+        (f"--data (it was made from {made.get('data')}, written at {made.get('data_written_at')}; --data "
+         f"{data.root} was written at {written_at})", same_rows),
+        (f"the pinned version (it has {made.get('pinned_version')}, --fm pins {pinned})",
+         made.get("pinned_version") == pinned),
+        (f"distill.lag (it has --lag {made.get('lag')}, the recipe {lag})", made.get("lag") == lag),
+    ) if not ok]
+    if differ:
+        raise UsageError(f"--knowledge {knowledge}: made with other settings than this distillation: "
+                         f"{'; '.join(differ)}; generate it again with these, or leave out --knowledge")
     side = read_side_table(path, parts)
     missing = [e for e in embeddings if f"fm_{e}" not in side.column_names]
     if missing:
