@@ -147,3 +147,27 @@ def test_warm_versions_refuse_a_step_budget_and_unknown_modes():
         ExperimentConfig(fm_versions="hot").validate()
     with pytest.raises(VersionError, match="must be 0"):
         versions_mod.train_warm_versions(fm_cfg("train.steps=5"), "unused", "unused", ["a", "b"], [1])
+
+
+def test_versions_trained_with_another_fm_config_are_not_reused(stream, tmp_path):
+    """An experiment re-run into the same folder with another FM recipe kept the old versions silently
+    (and recorded the new recipe); now the version says what changed."""
+    parts = Dataset(stream).partitions()
+    versions_mod.train_fm_versions(fm_cfg(), stream, tmp_path / "fm", parts[:3])
+    assert len(versions_mod.train_fm_versions(fm_cfg(), stream, tmp_path / "fm", parts[:3])) == 2  # reused
+    with pytest.raises(VersionError, match=r"v0001: published by an FM trained with another config "
+                                           r"\(train.lr 0.003 -> 0.0001\)"):
+        versions_mod.train_fm_versions(fm_cfg("train.lr=1e-4"), stream, tmp_path / "fm", parts[:3])
+
+
+def test_an_experiment_stream_of_another_config_is_refused(tmp_path):
+    from opengem.errors import UsageError
+    from opengem.transfer.windows import prepare_data
+
+    cfg = ExperimentConfig()
+    cfg.data.kind, cfg.data.sim = "sim", {"rows": 300, "days": 2, "users": 40, "ads": 20, "topics": 10}
+    out = prepare_data(cfg, 0, tmp_path)
+    assert prepare_data(cfg, 0, tmp_path) == out  # the same stream: reused
+    cfg.data.sim = {**cfg.data.sim, "rows": 400}
+    with pytest.raises(UsageError, match=r"simulated with another config \(rows 300 -> 400\)"):
+        prepare_data(cfg, 0, tmp_path)

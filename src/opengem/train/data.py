@@ -42,7 +42,7 @@ def prepare_data(cfg: DataConfig, run_dir: str | Path, data_dir: str | Path | No
     if made == sim.to_dict():
         return path  # same simulator config: reuse
     if made is not None and not replace:
-        changes = _config_changes(made, sim.to_dict())
+        changes = sim_config_changes(made, sim.to_dict())
         raise UsageError(f"{path}: holds data simulated with another simulator config ({changes}), which the "
                          "runs beside it read; it is kept: choose another output folder, or delete it to "
                          "simulate anew")
@@ -69,7 +69,8 @@ def simulated_with(path: Path) -> dict[str, Any] | None:
     return {}
 
 
-def _config_changes(old: dict[str, Any], new: dict[str, Any]) -> str:
+def sim_config_changes(old: dict[str, Any], new: dict[str, Any]) -> str:
+    """``key old -> new, ...`` of two simulator configs (the first four), as the refusals name them."""
     changed = [f"{k} {old.get(k, '-')} -> {new.get(k, '-')}" for k in sorted({*old, *new})
                if old.get(k) != new.get(k)]
     return ", ".join(changed[:4]) + (f" and {len(changed) - 4} more" if len(changed) > 4 else "")

@@ -39,6 +39,7 @@ from opengem.train.published import (  # the layout and its reading live beside 
     version_dir,
     write_manifest,
 )
+from opengem.train.run_dir import saved_config_changes, shown_changes
 from opengem.train.trainer import Trainer, train
 
 __all__ = ["VERSION_NAME", "VERSIONS", "FMVersion", "VersionError", "list_versions", "parse_fm_spec",
@@ -82,6 +83,18 @@ def _version_config(fm_cfg: Any, train_parts: list[str], eval_part: str) -> Any:
     return cfg
 
 
+def _check_reused(vdir: Path, cfg: Any, data_dir: str | Path) -> None:
+    """A published version is reused only when it was trained with the config it would be trained with now
+    (an experiment re-run into the same folder with another FM recipe kept the old versions, silently)."""
+    want = copy.deepcopy(cfg)
+    want.data.path = str(Path(data_dir).resolve())
+    changes = saved_config_changes(vdir, want)
+    if changes:
+        raise VersionError(f"{vdir}: published by an FM trained with another config "
+                           f"({shown_changes(changes)}); the versions here are reused only as they were "
+                           "trained: choose another output folder")
+
+
 def train_fm_versions(
     fm_cfg: Any,
     data_dir: str | Path,
@@ -103,9 +116,10 @@ def train_fm_versions(
         raise VersionError(f"{data_dir}: need >= 2 time-ordered partitions to publish versions, have {parts}")
     for k in range(first, len(parts)):
         vdir = version_dir(run, k)
-        if reuse and (vdir / "manifest.json").exists():
-            continue
         cfg = _version_config(fm_cfg, parts[:k], parts[k])
+        if reuse and (vdir / "manifest.json").exists():
+            _check_reused(vdir, cfg, data_dir)
+            continue
         train(cfg, vdir, data_dir, resume=reuse, force=not reuse)  # resume=True on an empty folder: fresh
         tt = max_ts([f for p in parts[:k] for f in ds.files(p)], ds.schema.time_column)
         write_manifest(vdir, k, tt, partitions=list(parts[:k]), mode="scratch")
@@ -149,6 +163,7 @@ def train_warm_versions(fm_cfg: Any, data_dir: str | Path, run: str | Path, part
                 raise VersionError(f"{vdir}: published as a {have.mode} version (from {have.init_from}, new "
                                    f"{list(have.new_partitions)}), not as warm version {k} from {want[0]} on "
                                    f"{new}; use a fresh run folder")
+            _check_reused(vdir, _version_config(fm_cfg, new, partitions[k]), data_dir)
             prev = have
             continue
         cfg = _version_config(fm_cfg, new, partitions[k])

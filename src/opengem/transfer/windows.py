@@ -9,6 +9,7 @@ here only decides where the VM starts so that every lag has a version for its fi
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,8 @@ from opengem.data.commit import mark_complete
 from opengem.data.dataset import Dataset
 from opengem.data.sim_config import SimConfig
 from opengem.data.simulate import simulate
+from opengem.errors import UsageError
+from opengem.train.data import sim_config_changes, simulated_with
 from opengem.transfer.experiment_config import ExperimentConfig
 from opengem.transfer.versions import (
     FMVersion,
@@ -30,20 +33,37 @@ from opengem.transfer.versions import (
     train_warm_versions,
 )
 
+CUT = "cut.json"  # data_days/: how it was cut from data.path
+
 
 def prepare_data(cfg: ExperimentConfig, seed: int, root: Path) -> Path:
     src = cfg.data
     if src.kind == "sim":
         out = root / "data"
-        if not (out / "summary.json").exists():
-            simulate(SimConfig.from_dict({**src.sim, "seed": seed}), out, force=True)
+        want = SimConfig.from_dict({**src.sim, "seed": seed})
+        made = simulated_with(out)
+        if made is None:
+            simulate(want, out, force=True)
+        elif made != want.to_dict():  # the FM versions and arms here were trained on it: never swapped
+            raise UsageError(f"{out}: this experiment's stream was simulated with another config "
+                             f"({sim_config_changes(made, want.to_dict())}); choose another --out")
         return out
     if src.kind != "dataset":
         raise ConfigError(f"data.kind: sim | dataset, got {src.kind!r}")
     if not src.repartition_days:
         return Path(src.path)
     out = root.parent / "data_days"  # one cut shared by every seed (seeds vary FM/VM init)
+    cut = {"path": str(Path(src.path).resolve()), "row_fraction": src.row_fraction,
+           "last_days": src.last_days, "day_offset": src.day_offset, "ts_per_day": src.ts_per_day}
     if (out / "schema.toml").exists():
+        try:
+            made = json.loads((out / CUT).read_text())
+        except FileNotFoundError:
+            made = None  # cut before the file was written: nothing to compare
+        if made is not None and made != cut:
+            changed = ", ".join(f"{k} {made.get(k)} -> {v}" for k, v in cut.items() if made.get(k) != v)
+            raise UsageError(f"{out}: cut from the dataset with other settings ({changed}); the FM versions "
+                             "and arms beside it were trained on that cut: choose another --out")
         return out
     ds = Dataset(src.path)
     t = pa.concat_tables([pq.read_table(f) for f in ds.files("@all")], promote_options="permissive")
@@ -66,6 +86,7 @@ def prepare_data(cfg: ExperimentConfig, seed: int, root: Path) -> Path:
         (tmp / f"day={i:03d}").mkdir(exist_ok=True)
         pq.write_table(part, tmp / f"day={i:03d}" / "part-00000.parquet", row_group_size=20_000)
     ds.schema.save(tmp / "schema.toml")
+    (tmp / CUT).write_text(json.dumps(cut))
     mark_complete(tmp, "opengem transfer: day windows")
     tmp.rename(out)
     return out
