@@ -149,3 +149,24 @@ def test_merged_overhead_is_score_many_minus_forward_per_backend() -> None:
               stage("eager", "forward 16 requests", 29.0)]
     assert serve_bench.merged_overheads({"merged": 16, "stages": stages}) == [
         "aoti 512 cands: E = score_many - forward of 16 Arrow requests = 7.500 ms CPU (forward 13.000)"]
+
+
+def test_the_swap_phase_of_an_online_run_carries_its_config(tmp_path: Path) -> None:
+    """An online run's versions are checkpoints of the model its config.toml describes: the scratch run the
+    swap phase publishes into had no config.toml, so no version loaded and the phase failed."""
+    model = tmp_path / "online"
+    model.mkdir()
+    (model / "config.toml").write_text("[model]\nname = \"gem\"\n")
+    publish_fake_version(model, 1)
+    run, sources = serve_bench.scratch_run(model, tmp_path / "scratch")
+    assert sources == [model / "versions" / "v0001"]
+    assert (run / "config.toml").read_text() == (model / "config.toml").read_text()
+    assert (run / "versions" / "v0001" / "manifest.json").is_file()
+
+
+def test_a_cell_with_no_answered_request_is_null_in_json_and_dashes_in_the_table() -> None:
+    cell = serve_bench.summarize("eager", 2, 1, [], 8, 1.0, ["400 feature 'user_id' takes one integer id"])
+    clean = serve_bench._no_nan({"cells": [serve_bench.asdict(cell)]})
+    assert clean["cells"][0]["p50_ms"] is None
+    json.loads(json.dumps(clean), parse_constant=lambda c: pytest.fail(f"{c} in the JSON"))
+    assert serve_bench._row(cell).split()[-3:] == ["-", "-", "-"]

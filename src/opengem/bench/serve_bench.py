@@ -43,7 +43,7 @@ from opengem.bench.machine import load_average
 from opengem.data.adapters.common import AdapterError
 from opengem.data.adapters.encoders_io import ENCODERS_FILE, read_encoders
 from opengem.data.dataset import Dataset
-from opengem.errors import UsageError
+from opengem.errors import TrainError, UsageError
 from opengem.serve import arrow_io
 from opengem.serve.artifact import ENCODING
 from opengem.serve.hot_swap import MANIFEST, VERSIONS, published_versions
@@ -337,6 +337,11 @@ def scratch_run(model: Path, root: Path) -> tuple[Path, list[Path]]:
     """A run folder with v0001 = the first source; the sources to cycle through."""
     sources = swap_sources(model)
     run = root / "swap-run"
+    if sources[0] != model and (model / "config.toml").is_file():
+        # an online run's versions are checkpoints of the model its config.toml describes: without it,
+        # no published version loaded and the swap phase failed
+        run.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(model / "config.toml", run / "config.toml")
     _publish(run, 1, sources[0])
     return run, sources
 
@@ -606,8 +611,11 @@ HEAD = (f"{'backend':<8}{'phase':<7}{'cands':>6}{'clients':>8}{'requests':>9}{'e
 
 
 def _row(c: CellResult) -> str:
+    def ms(x: float | None) -> str:  # no answered request: no latency (NaN here, null in the JSON)
+        return f"{x:>9.2f}" if x is not None and x == x else f"{'-':>9}"
+
     return (f"{c.backend:<8}{c.phase:<7}{c.candidates:>6}{c.clients:>8}{c.requests:>9}{c.errors:>7}"
-            f"{c.requests_per_s:>9.1f}{c.p50_ms:>9.2f}{c.p95_ms:>9.2f}{c.p99_ms:>9.2f}")
+            f"{c.requests_per_s:>9.1f}{ms(c.p50_ms)}{ms(c.p95_ms)}{ms(c.p99_ms)}")
 
 
 def format_table(result: dict[str, Any]) -> str:
@@ -748,7 +756,25 @@ def run_serve(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else (model / "serve_bench.json" if (model / "config.toml").is_file()
                                            else Path("serve_bench.json"))
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
-    print(json.dumps(result, indent=2) if args.json else format_table(result))
+    text = json.dumps(_no_nan(result), indent=2)  # a cell with no answered request has no latency: null
+    out.write_text(text)
+    print(text if args.json else format_table(result))
     print(f"wrote {out}", file=sys.stderr)
+    dead = [c for c in result["cells"] if c["requests"] and c["errors"] == c["requests"]]
+    if dead:  # a table of NaN is no benchmark: say why, and exit 1
+        c = dead[0]
+        raise TrainError(f"{len(dead)} cell(s) had every request fail, e.g. {c['backend']} {c['candidates']} "
+                         f"candidates x {c['clients']} clients: {(c['error_samples'] or ['(no reply)'])[0]} "
+                         f"(results in {out})")
     return 0
+
+
+def _no_nan(x: Any) -> Any:
+    """``x`` with every NaN float as None (JSON has no NaN: strict parsers refuse the file)."""
+    if isinstance(x, float):
+        return None if x != x else x
+    if isinstance(x, dict):
+        return {k: _no_nan(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_no_nan(v) for v in x]
+    return x
