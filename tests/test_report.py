@@ -91,6 +91,18 @@ def test_default_out_is_inside_the_run(tmp_path):
     assert out == run / "report.html" and out.exists()
 
 
+def test_out_replaces_an_earlier_report_but_no_other_file(tmp_path):
+    from opengem.bench.report import ReportError
+
+    run = fake_run(tmp_path / "a")
+    log = (run / "metrics.jsonl").read_text()
+    with pytest.raises(ReportError, match="metrics.jsonl: exists and is not an opengem report"):
+        write_report([run], run / "metrics.jsonl")
+    assert (run / "metrics.jsonl").read_text() == log
+    out = write_report([run])
+    assert write_report([run]) == out  # an earlier report is replaced
+
+
 def test_run_without_eval_json_still_renders(tmp_path):
     run = fake_run(tmp_path / "noeval", eval_json=False)
     (run / "metrics.jsonl").open("a").write('{"kind": "train", "step": 5, "loss"')  # cut by a crash

@@ -67,3 +67,29 @@ def test_simulated_data_of_another_config_is_kept_unless_a_scratch_cache(tmp_pat
     # a writer killed before it finished leaves no complete dataset: simulated anew, not refused
     (first / "_COMPLETE").unlink()
     assert prepare_data(small, tmp_path) == first and '"rows": 600' in (first / "summary.json").read_text()
+
+
+def test_a_schema_task_weight_must_be_finite(tmp_path: Path) -> None:
+    from opengem.data.schema import FeatureSchema, SchemaError
+
+    text = (ROOT / "configs" / "schemas" / "tiny.toml").read_text()
+    assert 'name = "click"' in text
+    bad = tmp_path / "schema.toml"
+    bad.write_text(text.replace("weight = 0.5", "weight = nan", 1))
+    with pytest.raises(SchemaError, match=r"weight: must be a finite number >= 0, got nan"):
+        FeatureSchema.load(bad)
+
+
+def test_a_folder_that_is_not_data_is_named_as_what_it_is(tmp_path: Path) -> None:
+    from opengem.data.dataset import Dataset
+    from opengem.errors import DatasetError
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.toml").write_text("[model]\nname = 'gem'\n")
+    with pytest.raises(DatasetError, match="a training run folder .config.toml., not a dataset"):
+        Dataset(run)
+    (tmp_path / "files").mkdir()
+    (tmp_path / "files" / "a.txt").write_text("x")
+    with pytest.raises(DatasetError, match=r"files: not a dataset \(no schema.toml\)"):
+        Dataset(tmp_path / "files")

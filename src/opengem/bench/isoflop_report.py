@@ -449,7 +449,9 @@ def format_study(res: dict[str, Any]) -> str:
         for r in rows:
             head = f"  C={r['c_ref']:.2e} {ref} NE {r['ne_ref']:.5f}: "
             if r["ratio"] != r["ratio"]:
-                lines.append(head + f"- ({fam}'s fitted NE does not fall with compute)")
+                why = ("no law was fitted to its frontier (too few points)" if res["fits"].get(fam) is None
+                       else "its fitted NE does not fall with compute")
+                lines.append(head + f"- ({fam}: {why})")
                 continue
             tag = " (extrapolated beyond its measured budgets)" if r["extrapolated"] else ""
             what = f"{_fmt(r['ratio'], '.3g')}x" if r["reachable"] else "never (asymptote above this NE)"

@@ -25,8 +25,10 @@ from opengem.bench.report_data import (
 )
 from opengem.bench.report_serve import serve_section
 from opengem.config import flatten_dict
+from opengem.data.commit import atomic_write_text
 from opengem.errors import UsageError
 
+MADE_BY = "by opengem report from"  # every page's subtitle: tells an earlier report from a user's file
 SECTIONS = ("overview", "curves", "metrics", "calibration", "throughput", "config", "scaling")
 MEMORY_HINTS = ("mem", "rss")
 SUMMARY_GROUPS = ("startup", "compile", "parallel", "memory")
@@ -313,7 +315,7 @@ def build_report(paths: list[str | Path]) -> str:
     if sweeps:
         sections.append(("scaling", "Scaling", _scaling(sweeps)))
     stamp = _dt.datetime.now().strftime("%Y-%m-%d %H:%M")
-    return H.page(title, f"generated {stamp} by opengem report from {', '.join(names)}", sections)
+    return H.page(title, f"generated {stamp} {MADE_BY} {', '.join(names)}", sections)
 
 
 def default_out(paths: list[str | Path]) -> Path:
@@ -322,10 +324,19 @@ def default_out(paths: list[str | Path]) -> Path:
 
 
 def write_report(paths: list[str | Path], out: str | Path | None = None) -> Path:
+    """Build the page and write it to ``out``; an existing ``out`` is replaced only when it is an earlier
+    report (``--out RUN/metrics.jsonl`` replaced the run's log with HTML)."""
     out = Path(out) if out else default_out(paths)
+    if out.is_file():
+        try:
+            head = out.read_bytes()[:65536].decode("utf-8", errors="replace")
+        except OSError:
+            head = ""
+        if MADE_BY not in head:
+            raise ReportError(f"--out {out}: exists and is not an opengem report; choose another file")
     text = build_report(paths)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text, encoding="utf-8")
+    atomic_write_text(out, text)
     return out
 
 

@@ -89,6 +89,11 @@ class Dataset:
                 and (self.root / "schema.toml").is_file():  # an `opengem export` folder, not data
             raise DatasetError(f"{self.root}: an exported model (opengem export), not a dataset: give --data "
                                "the folder of rows to read (the run's data, or one made by opengem convert)")
+        if self.marker is None and require_complete and schema is None \
+                and not (self.root / "schema.toml").exists():  # not data at all (a run folder, a file's)
+            what = ("a training run folder (config.toml), not a dataset: its data is the run's data.path"
+                    if (self.root / "config.toml").is_file() else "not a dataset (no schema.toml)")
+            raise DatasetError(f"{self.root}: {what}")
         if self.marker is None and require_complete:
             raise DatasetError(f"{self.root}: no {MARKER} marker, so the writer did not finish (interrupted, "
                                "or still running): re-run it; for a dataset assembled by hand, check and "

@@ -22,6 +22,7 @@ artifacts written before it existed load and batch exactly as before.
 
 from __future__ import annotations
 
+import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -423,8 +424,8 @@ def _parse_schema(d: dict[str, Any], src: str) -> FeatureSchema:
         if t["name"] in task_names:
             raise SchemaError(f"{where}: duplicate task name {t['name']!r}")
         task_names.add(t["name"])
-        if t.get("weight", 1.0) < 0:
-            raise SchemaError(f"{where}.weight: must be >= 0, got {t['weight']}")
+        if not 0 <= t.get("weight", 1.0) < math.inf:  # NaN fails too (it made every loss NaN)
+            raise SchemaError(f"{where}.weight: must be a finite number >= 0, got {t['weight']}")
         task = Task(name=t["name"], column=t.get("column", ""), weight=float(t.get("weight", 1.0)))
         if task.label_column in names:
             raise SchemaError(f"{where}.column: {task.label_column!r} is also a feature")
