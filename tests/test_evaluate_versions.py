@@ -87,3 +87,18 @@ def test_a_version_that_is_not_published_and_calibrate_of_a_version_say_so(onlin
     line = one_error_line(err, "calibrate")
     assert rc == 2 and "opengem calibrate fits a run's own checkpoint" in line, line
     assert not (online_run / "calibration.json").exists()
+
+
+def test_data_of_another_schema_is_named_not_blamed_on_checkpoint(online_run: Path, tmp_path: Path) -> None:
+    """It failed loading the checkpoint with 'saved by a different model' (after distill, evaluating the VM
+    on the FM's data is the natural slip)."""
+    from opengem.data.sim_config import SimConfig
+    from opengem.data.simulate import simulate
+    from opengem.errors import UsageError
+
+    other = tmp_path / "other"
+    simulate(SimConfig.from_dict({"rows": 300, "days": 2, "surfaces": 3, "users": 50, "ads": 30,
+                                  "advertisers": 5, "topics": 5}), other)
+    with pytest.raises(UsageError, match=r"--data .*other has schema 'sim', but .*run was trained on schema "
+                                         r".*; they differ in surfaces"):
+        evaluate_run(f"{online_run}@1", data_dir=other, write=False)

@@ -537,3 +537,25 @@ def _drop_none(v: Any) -> Any:
     if isinstance(v, (list, tuple)):
         return [_drop_none(x) for x in v]
     return v
+
+
+def schema_differences(a: FeatureSchema, b: FeatureSchema) -> list[str]:
+    """What a model trained on schema ``a`` cannot read in data of schema ``b``: ``"<what> <a> vs <b>"`` each
+    (surfaces, tasks, features, tables, sequence groups); [] when it reads it."""
+    diffs = []
+    for what, get in (("surfaces", lambda s: list(s.surfaces)), ("tasks", lambda s: s.task_names),
+                      ("sparse features", lambda s: s.sparse_names),
+                      ("dense features", lambda s: s.dense_names),
+                      ("tables (name: rows, dim)", lambda s: s.tables()),
+                      ("sequence groups", lambda s: [(g.name, g.max_len) for g in s.sequences])):
+        x, y = get(a), get(b)
+        if x != y:
+            diffs.append(f"{what} {_short(x)} vs {_short(y)}")
+    return diffs
+
+
+def _short(x: Any, most: int = 5) -> str:
+    """A list or dict as shown in a one-line error: its first ``most`` items, then how many more."""
+    items = [f"{k}: {v}" for k, v in x.items()] if isinstance(x, dict) else [str(v) for v in x]
+    more = f", ... {len(items) - most} more" if len(items) > most else ""
+    return f"[{', '.join(items[:most])}{more}]"

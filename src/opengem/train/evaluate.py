@@ -27,8 +27,8 @@ from opengem.data.batch import Batch
 from opengem.data.commit import atomic_write_text
 from opengem.data.dataset import Dataset
 from opengem.data.oracle import accumulate
-from opengem.data.schema import FeatureSchema
-from opengem.errors import DatasetError, OpengemError
+from opengem.data.schema import FeatureSchema, schema_differences
+from opengem.errors import DatasetError, OpengemError, UsageError
 from opengem.metrics import NE_BASE_RATE, MetricAccumulator
 from opengem.model.heads import masked_bce
 from opengem.run_arg import add_run_argument, resolve_run
@@ -179,6 +179,20 @@ def _not_a_run(run_dir: Path) -> str:
     return f"{run_dir}: no config.toml (is it a training run folder?)"
 
 
+def _check_readable(run_dir: Path, cfg: RunConfig, ds: Dataset) -> None:
+    """--data of another schema than the run trained on is named as such (it failed loading the checkpoint,
+    blamed on the checkpoint: 'saved by a different model')."""
+    try:
+        trained = Dataset(cfg.data.path).schema
+    except (DatasetError, OSError):
+        return  # the run's own data is gone: the checkpoint's fingerprint check is what is left
+    diffs = schema_differences(trained, ds.schema)
+    if diffs:
+        raise UsageError(f"--data {ds.root} has schema {ds.schema.name!r}, but {run_dir} was trained on "
+                         f"schema {trained.name!r}; they differ in {'; '.join(diffs)}: give data of the "
+                         "run's schema")
+
+
 def _published(run_dir: Path) -> list[int]:
     """The run's published version numbers, oldest first ([] when it has none, or none readable)."""
     try:
@@ -221,6 +235,8 @@ def open_run(run_dir: str | Path, data_dir: str | Path | None = None, device: st
     prepare_compile(cfg)  # a compiled run evaluates with the same persistent compile cache
     data_path = Path(data_dir or cfg.data.path)
     ds = Dataset(data_path)
+    if data_dir is not None:
+        _check_readable(run_dir, cfg, ds)
     dev = resolve_device(device or cfg.train.device)
     with process_group(dev) as pg, cpu_threads(cfg.train.threads):
         model = build_run_model(ds.schema, cfg, dev, pg).model

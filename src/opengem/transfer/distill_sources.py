@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from opengem.config import ConfigError
 from opengem.data.dataset import Dataset
-from opengem.data.schema import FeatureSchema
+from opengem.data.schema import FeatureSchema, schema_differences
 from opengem.errors import DatasetError, UsageError
 from opengem.train.config import load_run_config
 from opengem.train.evaluate import run_checkpoint
@@ -74,15 +74,7 @@ def check_same_schema(fm: FeatureSchema | None, data: FeatureSchema, fm_spec: st
     """The FM reads --data with its own features: a dataset of another schema would not load into it."""
     if fm is None:
         return  # the checkpoint's fingerprint check still refuses a model of another shape
-    diffs = []
-    for what, get in (("surfaces", lambda s: list(s.surfaces)), ("tasks", lambda s: s.task_names),
-                      ("sparse features", lambda s: s.sparse_names),
-                      ("dense features", lambda s: s.dense_names),
-                      ("tables (name: rows, dim)", lambda s: s.tables()),
-                      ("sequence groups", lambda s: [(g.name, g.max_len) for g in s.sequences])):
-        a, b = get(fm), get(data)
-        if a != b:
-            diffs.append(f"{what} {a} vs {b}")
+    diffs = schema_differences(fm, data)
     if diffs:
         raise UsageError(f"--fm {fm_spec} was trained on schema {fm.name!r}, but --data {data_dir} has "
                          f"schema {data.name!r}; they differ in {'; '.join(diffs)}: distil from data with "
