@@ -415,3 +415,17 @@ def test_a_failed_online_start_does_not_stick(fm_batch, fm_online, tmp_path, cap
     assert rc == 2 and "distill.param_sharing" in one_error_line(err, "distill")
     assert main([*base, 'train.online_first="day=002"']) == 0
     assert Dataset(out / "data").partitions()[0] == "day=002"
+
+
+def test_generate_reads_a_batch_trained_fm_as_version_0(fm_batch, tmp_path, capsys):
+    """The README's FM for distillation (opengem train) was refused by generate ('no versions/ folder'),
+    although distill reads it as version 0 and --knowledge takes generate's side tables."""
+    fm, data = fm_batch
+    side = tmp_path / "side"
+    assert main(["generate", "--fm", str(fm), "--data", str(data), "--out", str(side), "--partitions",
+                 "day=002,day=003", "--embeddings", ""]) == 0
+    res = distill(fm, data, tmp_path / "vm", *OFF, *KD, args=("--knowledge", str(side)))
+    assert res["teacher_on_training_rows"]["fm_versions_used"] == [0]
+    rc, err = run_cli(capsys, ["generate", "--fm", f"{fm}@3", "--data", str(data), "--out",
+                               str(tmp_path / "x")])
+    assert rc == 1 and "no version 3 of" in one_error_line(err, "generate")

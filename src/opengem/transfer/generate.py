@@ -55,7 +55,14 @@ from opengem.train.config import load_run_config
 from opengem.train.distributed import process_group
 from opengem.train.env import cpu_threads, resolve_device
 from opengem.train.parallelize import build_run_model
-from opengem.transfer.versions import FMVersion, VersionError, list_versions, parse_fm_spec, select_versions
+from opengem.transfer.versions import (
+    VERSIONS,
+    FMVersion,
+    VersionError,
+    list_versions,
+    parse_fm_spec,
+    select_versions,
+)
 
 EMBEDDINGS = ("user", "ad", "trunk")
 SETTINGS = "generate.json"
@@ -230,13 +237,19 @@ def generate(
 
     warnings.filterwarnings("ignore", category=FutureWarning)
     run, pinned = parse_fm_spec(str(fm))
+    if versions is None and not (run / VERSIONS).is_dir():
+        # a batch-trained run (opengem train): its own checkpoint is its one version, 0, as distill reads it
+        from opengem.transfer.distill_sources import fm_versions  # (that module imports this one)
+
+        _, versions = fm_versions(str(run))
     versions = list_versions(run) if versions is None else sorted(
         versions, key=lambda v: (v.trained_through_ts, v.version))
     if pinned is not None:
+        have = versions
         versions = [v for v in versions if v.version == pinned]
         if not versions:
-            raise VersionError(f"--fm {fm}: no version {pinned} under {run}/versions (have: "
-                               f"{', '.join(str(v.version) for v in list_versions(run))})")
+            raise VersionError(f"--fm {fm}: no version {pinned} of {run} (have: "
+                               f"{', '.join(str(v.version) for v in have)})")
     ds = Dataset(data)
     schema = ds.schema
     tasks = schema.task_names
@@ -337,8 +350,9 @@ def read_side_table(out: str | Path, partitions: list[str] | None = None) -> pa.
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--fm", required=True, help="FM run folder with versions/ (RUN), or RUN@version to pin one"
-    )
+        "--fm", required=True,
+        help="FM run folder: with versions/ (online), or a trained run (its checkpoint is version 0); RUN@N "
+             "pins one")
     p.add_argument("--data", required=True, help="dataset folder (canonical Parquet + schema.toml)")
     p.add_argument("--out", required=True, help="side-table folder (resumable: existing parts are skipped)")
     p.add_argument("--partitions", default="@all", help="partition spec (default @all)")
