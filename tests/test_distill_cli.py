@@ -429,3 +429,25 @@ def test_generate_reads_a_batch_trained_fm_as_version_0(fm_batch, tmp_path, caps
     rc, err = run_cli(capsys, ["generate", "--fm", f"{fm}@3", "--data", str(data), "--out",
                                str(tmp_path / "x")])
     assert rc == 1 and "no version 3 of" in one_error_line(err, "generate")
+
+
+def test_generate_folds_a_batch_fms_calibration_into_its_labels(fm_batch, tmp_path):
+    """calibration.json is folded in by every reader of the run: generate (and so distill's teacher) used
+    the uncalibrated logits, silently."""
+    import shutil
+
+    fm, data = fm_batch
+    cal = tmp_path / "fm"
+    shutil.copytree(fm, cal)
+    assert main(["calibrate", "--run", str(cal), "--min-positives", "1"]) == 0
+    assert main(["predict", "--run", str(cal), "--partitions", "day=003", "--out",
+                 str(tmp_path / "p.parquet")]) == 0
+    assert main(["generate", "--fm", str(cal), "--data", str(data), "--out", str(tmp_path / "side"),
+                 "--partitions", "day=003", "--embeddings", ""]) == 0
+    side = pq.read_table(next((tmp_path / "side").glob("*.parquet")))
+    pred = pq.read_table(tmp_path / "p.parquet")
+    order = np.argsort(side.column("example_id").to_numpy())
+    want = pred.column("click").to_numpy()[np.argsort(pred.column("example_id").to_numpy())]
+    got = 1 / (1 + np.exp(-side.column("fm_logit_click").to_numpy()[order]))
+    assert np.allclose(got, want, atol=1e-5)
+    assert json.loads((tmp_path / "side" / "generate.json").read_text())["calibration"]

@@ -25,6 +25,7 @@ rows (the count of such extra forwards is reported).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import time
@@ -51,6 +52,7 @@ from opengem.data.dataset import Dataset
 from opengem.data.loader import ParquetLoader
 from opengem.errors import DatasetError, UsageError
 from opengem.train import checkpoint as ckpt
+from opengem.train.calibration import CALIBRATION, apply_run_calibration
 from opengem.train.config import load_run_config
 from opengem.train.distributed import process_group
 from opengem.train.env import cpu_threads, resolve_device
@@ -68,7 +70,7 @@ EMBEDDINGS = ("user", "ad", "trunk")
 SETTINGS = "generate.json"
 _FLAG = {"fm": "--fm", "pinned_version": "pinned version (--fm RUN@N)", "lag": "--lag",
          "embeddings": "--embeddings", "data": "--data", "data_written_at": "dataset rewritten: written at",
-         "tasks": "dataset tasks"}
+         "tasks": "dataset tasks", "calibration": "the FM's calibration (opengem calibrate; sha256)"}
 
 
 def _settings(run: Path, pinned: int | None, versions: list[FMVersion], ds: Dataset, lag: int,
@@ -78,9 +80,16 @@ def _settings(run: Path, pinned: int | None, versions: list[FMVersion], ds: Data
         "fm": str(run.resolve()), "pinned_version": pinned, "lag": lag, "embeddings": list(embeddings),
         "data": str(ds.root.resolve()), "data_written_at": (ds.marker or {}).get("written_at"),
         "tasks": list(ds.schema.task_names),
+        # a batch-trained run's calibration is folded into its version 0 (_load_version): part of the content
+        "calibration": _calibration_digest(run) if not (run / VERSIONS).is_dir() else None,
         "versions": [{"version": v.version, "trained_through_ts": v.trained_through_ts,
                       "path": str(v.path.resolve())} for v in versions],
     }
+
+
+def _calibration_digest(run: Path) -> str | None:
+    path = run / CALIBRATION
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path.is_file() else None
 
 
 def part_files(out: Path) -> list[Path]:
@@ -157,6 +166,11 @@ def _load_version(v: FMVersion, schema: Any, device: torch.device, pg: Any) -> t
         model = build_run_model(schema, cfg, device, pg).model
     path = v.path if (v.path / ".metadata").exists() else ckpt.latest_checkpoint(v.path)
     ckpt.load_model(model, path)
+    if v.version == 0 and cfg_path.parent == v.path.parent.parent:
+        # a batch-trained run's own checkpoint: its calibration (opengem calibrate), fitted on that
+        # checkpoint, is folded in as every reader of the run does; published versions are used as trained
+        apply_run_calibration(model, cfg_path.parent, path, list(schema.surfaces), schema.task_names,
+                              who="opengem generate")
     model.eval()
     return model
 
