@@ -1,10 +1,16 @@
-import statistics, time, torch
+import statistics
+import time
+
+import torch
 import torch.nn.functional as F
+
 torch.set_num_threads(1)
 torch.manual_seed(0)
 
+
 def flash(q, k, v, mask):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
 
 def reduce_form(q, k, v, mask):
     s = (q.unsqueeze(-2) * k.unsqueeze(-3)).sum(-1) * (q.shape[-1] ** -0.5)
@@ -13,7 +19,9 @@ def reduce_form(q, k, v, mask):
     p = torch.softmax(s, -1)
     return (p.unsqueeze(-1) * v.unsqueeze(-3)).sum(-2)
 
+
 comp = torch.compile(reduce_form, dynamic=False, fullgraph=True)
+
 
 def bench(fn, q, k, v, mask, g, reps=25):
     ts = []
@@ -25,8 +33,17 @@ def bench(fn, q, k, v, mask, g, reps=25):
         ts.append(time.perf_counter() - t0)
     return statistics.median(ts[5:]) * 1e3, o, qq.grad, kk.grad, vv.grad
 
-for (B, H, Lq, D), Lk, masked in [((512, 2, 24, 8), 24, True), ((512, 2, 2, 8), 24, True), ((512, 2, 8, 8), 64, True), ((940, 2, 16, 8), 16, True), ((512, 1, 16, 16), 12, False)]:
-    q = torch.randn(B, H, Lq, D); k = torch.randn(B, H, Lk, D); v = torch.randn(B, H, Lk, D)
+
+for (B, H, Lq, D), Lk, masked in [
+    ((512, 2, 24, 8), 24, True),
+    ((512, 2, 2, 8), 24, True),
+    ((512, 2, 8, 8), 64, True),
+    ((940, 2, 16, 8), 16, True),
+    ((512, 1, 16, 16), 12, False),
+]:
+    q = torch.randn(B, H, Lq, D)
+    k = torch.randn(B, H, Lk, D)
+    v = torch.randn(B, H, Lk, D)
     mask = None
     if masked:
         lens = torch.randint(1, Lk + 1, (B,))
@@ -35,4 +52,8 @@ for (B, H, Lq, D), Lk, masked in [((512, 2, 24, 8), 24, True), ((512, 2, 2, 8), 
     tf, of, *gf = bench(flash, q, k, v, mask, g)
     tc, oc, *gc = bench(comp, q, k, v, mask, g)
     err = max((a - b).abs().max().item() for a, b in zip([of, *gf], [oc, *gc]))
-    print(f"{(B,H,Lq,D)} Lk={Lk}: flash {tf:.2f} ms  compiled-reduce {tc:.2f} ms  ratio {tf/tc:.2f}x  maxerr {err:.1e}", flush=True)
+    print(
+        f"{(B, H, Lq, D)} Lk={Lk}: flash {tf:.2f} ms  compiled-reduce {tc:.2f} ms  "
+        f"ratio {tf / tc:.2f}x  maxerr {err:.1e}",
+        flush=True,
+    )
