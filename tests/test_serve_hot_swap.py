@@ -26,10 +26,14 @@ def watcher_for(run: Path, canary: list | None = None) -> VersionWatcher:  # typ
 
 
 def test_layout_constants_match_the_online_trainer() -> None:
-    """Read from the trainer's source, not imported: importing it loads torch (seconds on a busy CPU)."""
-    source = Path(importlib.util.find_spec("opengem.train.online").origin).read_text()
-    consts = {t.id: n.value.value for n in ast.parse(source).body if isinstance(n, ast.Assign)
-              for t in n.targets if isinstance(t, ast.Name) and isinstance(n.value, ast.Constant)}
+    """Read from the trainer's sources, not imported: importing them loads torch (seconds on a busy CPU).
+    The versions folder's name lives with the layout's reader (train/published.py), the manifest's with
+    the online trainer."""
+    consts = {}
+    for module in ("opengem.train.published", "opengem.train.online"):
+        source = Path(importlib.util.find_spec(module).origin).read_text()
+        consts.update({t.id: n.value.value for n in ast.parse(source).body if isinstance(n, ast.Assign)
+                       for t in n.targets if isinstance(t, ast.Name) and isinstance(n.value, ast.Constant)})
     assert (hot_swap.VERSIONS, hot_swap.MANIFEST) == (consts["VERSIONS"], consts["MANIFEST"])
 
 
