@@ -258,3 +258,36 @@ def test_chromium_loads_every_image(real_run, tmp_path):
     # the rendered DOM still holds every section
     for sid in RUN_SECTIONS:
         assert f'<section id="{sid}">' in res.stdout
+
+
+def test_a_sweep_leaves_out_cut_rows_and_runs_moved_aside(tmp_path):
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / "scaling.csv").write_text("model,gflop_per_example,ne\ngem,0.5,0.91\ngem,1.0,0.88\ndcnv2,0.\n")
+    fake_run(sweep / "runs" / "gem-00")
+    fake_run(sweep / "runs" / "gem-00.old-20261207T120000Z")  # a re-run with another config moved it aside
+    page = build_report([sweep])
+    assert "scaling.csv line 4: 2 fields, the header has 3 (cut short?); 1 such row(s) left out" in page
+    assert "runs/gem-00" in page and "gem-00.old-" not in page
+
+
+def test_an_online_run_reports_its_windows(tmp_path):
+    """An online run has no train_summary.json: its windows (online_train) and progressive evaluations
+    (online_eval) are its curves; the page said 'training did not finish?' and 'no training loss'."""
+    run = tmp_path / "online"
+    run.mkdir()
+    (run / "config.toml").write_text("[model]\nname = 'gem'\n")
+    metrics = {"all/click": {"ne": 0.95, "auc": 0.7}, "feed/click": {"ne": 0.94, "auc": 0.71}}
+    recs = []
+    for i, day in enumerate(("day=000", "day=001")):
+        recs.append({"kind": "online_eval", "window": day, "version_evaluated": i, "rows": 100, "loss": 0.2,
+                     "metrics": metrics})
+        recs.append({"kind": "online_train", "window": day, "version": i + 1, "steps": 6, "rows": 100,
+                     "loss": 0.19 - i / 100, "examples_per_s": 2000.0})
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    (run / "online_summary.json").write_text(json.dumps({"windows": 2, "versions": 2, "steps": 12,
+                                                         "stopped": "idle 0s without a new partition"}))
+    page = build_report([run])
+    assert "training did not finish" not in page and "no training loss recorded" not in page
+    assert "an online run: 2 window(s) trained, 2 version(s) published (idle 0s" in page
+    assert "progressive evaluation of the last window" in page and len(pngs(page)) >= 2

@@ -4,6 +4,7 @@ disagreeing with its results."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -93,3 +94,53 @@ def test_a_folder_that_is_not_data_is_named_as_what_it_is(tmp_path: Path) -> Non
     (tmp_path / "files" / "a.txt").write_text("x")
     with pytest.raises(DatasetError, match=r"files: not a dataset \(no schema.toml\)"):
         Dataset(tmp_path / "files")
+
+
+@pytest.mark.parametrize("override, why", [
+    ("bootstrap=0", "bootstrap: resamples for the confidence intervals, >= 1"),  # IndexError after training
+    ("kd.grid=[[1.0,0.0]]", "kd.grid: weights >= 0 and temperatures > 0"),  # internal error in the KD loss
+    ("vm.schema.max_len=0", "sharing.sequence_encoder: the param_sharing arm"),  # failed after earlier arms
+    ("vm.schema.max_len=-2", "vm.schema.max_len: >= 0"),
+    ("fm.train.lr=nan", "fm.train.lr = nan: must be a finite number"),  # was named train.lr (the VM's key)
+])
+def test_a_transfer_recipe_that_cannot_run_is_refused_by_key(override: str, why: str) -> None:
+    from opengem.config import ConfigError
+    from opengem.transfer.experiment_config import load_experiment_config
+
+    with pytest.raises(ConfigError, match=re.escape(why)):
+        load_experiment_config(ROOT / "configs" / "transfer-tiny.toml", [override])
+
+
+@pytest.mark.parametrize("override, why", [
+    ("distill.sharing_lr_scale=nan", "distill.sharing_lr_scale = nan: must be a finite number"),
+    ("distill.kd.temperature=inf", "distill.kd.temperature = inf: must be a finite number"),
+    ("distill.kd.weight=nan", "distill.kd.weight = nan: must be a finite number"),  # blamed distill.aux_head
+    ("vm.schema.max_len=-3", "vm.schema.max_len: >= 0"),  # trained a VM without history, recorded -3
+    ("distill.student_adapter.steps=-1", "distill.student_adapter: steps >= 1 and lr > 0 when enabled"),
+])
+def test_a_distill_recipe_that_cannot_run_is_refused_by_key(override: str, why: str) -> None:
+    from opengem.config import ConfigError
+    from opengem.transfer.distill_config import load_distill_config
+
+    with pytest.raises(ConfigError, match=re.escape(why)):
+        load_distill_config(ROOT / "configs" / "distill-example.toml", [override])
+
+
+def test_validate_names_every_missing_or_mistyped_column_of_a_file(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from opengem.data.dataset import Dataset
+    from opengem.data.validate import validate_files
+
+    data = prepare_data(DataConfig(sim={"rows": 300, "days": 2, "users": 50, "ads": 20, "topics": 10}),
+                        tmp_path)
+    ds = Dataset(data)
+    f = ds.files("@all")[0]
+    t = pq.read_table(f)
+    t = t.set_column(t.schema.get_field_index("user_id"), "user_id", t.column("user_id").cast(pa.string()))
+    t = t.drop(["ad_id"])
+    pq.write_table(t, f)
+    log, _ = validate_files([f], ds.schema)
+    text = log.report()
+    assert log.total == 2 and "column user_id: wrong type" in text and "column ad_id: missing" in text, text

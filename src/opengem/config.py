@@ -11,6 +11,7 @@ float) rebuilds a different model.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import tomllib
 import types
@@ -205,3 +206,19 @@ def flatten_dict(d: dict[str, Any], sep: str = ".", prefix: str = "") -> dict[st
             out[key] = v
     return out
 
+
+def nonfinite_floats(cfg: Any, prefix: str = "") -> list[str]:
+    """``key = value`` of every NaN or infinite float in a (nested) config dataclass, lists included: a NaN
+    passes every ``<`` / ``>`` check as false, so range checks alone let it through to the first step."""
+    out: list[str] = []
+    for f in dataclasses.fields(cfg):
+        v = getattr(cfg, f.name)
+        key = f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(v) and not isinstance(v, type):
+            out += nonfinite_floats(v, key + ".")
+            continue
+        flat = [x for row in v for x in (row if isinstance(row, (list, tuple)) else [row])] \
+            if isinstance(v, (list, tuple)) else [v]
+        if any(isinstance(x, float) and not math.isfinite(x) for x in flat):
+            out.append(f"{key} = {v!r}")
+    return out

@@ -19,6 +19,7 @@ import numpy as np
 from opengem.errors import OpengemError
 
 RUN_FILES = ("config.toml", "metrics.jsonl", "train_summary.json", "eval.json")
+ONLINE_SUMMARY = "online_summary.json"  # opengem train --online (train/online.py)
 SWEEP_FILES = ("scaling.csv", "fits.json", "scaling.png")
 # optional: -> reliability curves. Long (columns surface, task, p, y) or as `opengem predict` writes it
 # (surface, one probability column per task, <task>_label beside it)
@@ -56,6 +57,8 @@ class RunData:
         if self.eval and isinstance(self.eval.get("metrics"), dict):
             return self.eval["metrics"], "eval.json"
         if self.summary and isinstance(self.summary.get("final_eval"), dict):
+            if self.kind("online_eval"):
+                return self.summary["final_eval"], "metrics.jsonl (progressive evaluation of the last window)"
             return self.summary["final_eval"], "train_summary.json (final evaluation during training)"
         return None, ""
 
@@ -122,7 +125,10 @@ def load_run(path: str | Path, name: str | None = None) -> RunData:
     else:
         run.notes.append("no metrics.jsonl: no training curves")
     run.summary = _read_json(path / "train_summary.json", run.notes)
-    if run.summary is None and not any("train_summary" in n for n in run.notes):
+    online = _read_json(path / ONLINE_SUMMARY, run.notes)
+    if run.summary is None and (online is not None or run.kind("online_train")):
+        _read_online(run, online if isinstance(online, dict) else None)
+    elif run.summary is None and not any("train_summary" in n for n in run.notes):
         run.notes.append("no train_summary.json (training did not finish?)")
     run.eval = _read_json(path / "eval.json", run.notes)
     if run.eval is None and not any("eval.json" in n for n in run.notes):
@@ -135,6 +141,39 @@ def load_run(path: str | Path, name: str | None = None) -> RunData:
     return run
 
 
+def _read_online(run: RunData, online: dict[str, Any] | None) -> None:
+    """An online run (``opengem train --online``) in the report's terms: each window's training as a
+    ``train`` point and its progressive evaluation (the window scored by the version before it, then
+    trained on) as an ``eval`` point, at the steps trained so far; its summary from online_summary.json,
+    the last window's progressive metrics as its final ones."""
+    steps, examples, seconds = 0, 0, 0.0
+    converted: list[dict[str, Any]] = []
+    last_eval: dict[str, Any] | None = None
+    for rec in run.records:
+        if rec.get("kind") == "online_eval" and isinstance(rec.get("metrics"), dict):
+            converted.append({"kind": "eval", "step": steps, "loss": rec.get("loss"),
+                              "metrics": rec["metrics"], "window": rec.get("window")})
+            last_eval = rec
+        elif rec.get("kind") == "online_train" and isinstance(rec.get("steps"), int):
+            steps += rec["steps"]
+            examples += int(rec.get("rows") or 0)
+            eps = rec.get("examples_per_s")
+            if isinstance(eps, (int, float)) and eps > 0 and rec.get("rows"):
+                seconds += rec["rows"] / eps
+            converted.append({"kind": "train", "step": steps, "loss": rec.get("loss"), "examples_per_s": eps,
+                              "window": rec.get("window")})
+    run.records += converted
+    windows = len([r for r in converted if r["kind"] == "train"])
+    run.summary = {"steps": (online or {}).get("steps", steps), "examples": examples,
+                   "train_seconds": seconds or None,
+                   "examples_per_s": examples / seconds if seconds else None,
+                   "final_eval": last_eval["metrics"] if last_eval else None}
+    stopped = (online or {}).get("stopped") or "still running, or stopped before writing online_summary.json"
+    run.notes.append(f"an online run: {windows} window(s) trained, {(online or {}).get('versions', '?')} "
+                     f"version(s) published ({stopped}); its evaluation is progressive: each window scored "
+                     "by the version before it, then trained on; the metrics are the last window's")
+
+
 def load_sweep(path: str | Path, name: str | None = None) -> SweepData:
     path = Path(path)
     sw = SweepData(path=path, name=name or path.name)
@@ -144,6 +183,12 @@ def load_sweep(path: str | Path, name: str | None = None) -> SweepData:
             with c.open(newline="") as f:
                 rows = list(csv.reader(f))
             sw.csv_header, sw.csv_rows = (rows[0], rows[1:]) if rows else ([], [])
+            short = [i for i, row in enumerate(sw.csv_rows, 2) if len(row) != len(sw.csv_header)]
+            if short:  # a file cut short (or edited): a row missing fields is no point to plot
+                sw.notes.append(f"scaling.csv line {short[0]}: {len(sw.csv_rows[short[0] - 2])} fields, the "
+                                f"header has {len(sw.csv_header)} (cut short?); {len(short)} such row(s) "
+                                "left out")
+                sw.csv_rows = [row for row in sw.csv_rows if len(row) == len(sw.csv_header)]
         except (OSError, csv.Error, UnicodeDecodeError) as e:
             sw.notes.append(f"scaling.csv: unreadable ({e})")
     else:
@@ -158,7 +203,9 @@ def load_sweep(path: str | Path, name: str | None = None) -> SweepData:
     if (path / "sweep.toml").exists():
         sw.sweep_toml = (path / "sweep.toml").read_text()
     if (path / "runs").is_dir():
-        sw.runs = sorted(str(p) for p in (path / "runs").iterdir() if p.is_dir() and is_run(p))
+        # not the runs a re-run with another config moved aside (runs/NAME.old-<time>): not this sweep's
+        sw.runs = sorted(str(p) for p in (path / "runs").iterdir()
+                         if p.is_dir() and is_run(p) and ".old-" not in p.name)
     return sw
 
 

@@ -64,6 +64,7 @@ class DataError(OpengemError, ValueError):
         if row is not None:
             loc += f", row {row}" if column is not None else f": row {row}"
         super().__init__(f"{loc}: {what}")
+        self.also: list[DataError] = []  # further problems of the same file found in the same check
 
     def __reduce__(self) -> tuple:  # picklable across worker processes with its fields
         return (DataError, (self.file, self.what, self.column, self.row))
@@ -418,12 +419,17 @@ def inspect_file(path: str | Path, schema: FeatureSchema) -> FileInfo:
     """File-level checks (readable footer, columns, types, rows) from the footer alone."""
     pf, stamp = _open_stamped(path)
     actual = pf.schema_arrow
+    problems = []
     for f in arrow_schema(schema):
         idx = actual.get_field_index(f.name)
         if idx < 0:
-            raise DataError(path, "missing column (required by schema)", f.name)
-        if not _compatible(actual.field(idx).type, f.type):
-            raise DataError(path, f"wrong type {actual.field(idx).type}, expected {f.type}", f.name)
+            problems.append(DataError(path, "missing column (required by schema)", f.name))
+        elif not _compatible(actual.field(idx).type, f.type):
+            what = f"wrong type {actual.field(idx).type}, expected {f.type}"
+            problems.append(DataError(path, what, f.name))
+    if problems:  # the first is raised; validate reports every one (``also``)
+        problems[0].also = problems[1:]
+        raise problems[0]
     md = pf.metadata
     rgs = [md.row_group(i).num_rows for i in range(md.num_row_groups)]
     if sum(rgs) == 0:

@@ -48,7 +48,8 @@ def validate_files(files: list[Path], schema: FeatureSchema, keep: int = 100) ->
         try:
             info = inspect_file(f, schema)
         except DataError as e:
-            log.add(e.file, e.column, e.what, "error", None if e.row is None else _rows(e.row))
+            for p in (e, *e.also):  # every missing or mistyped column of the file, not only the first
+                log.add(p.file, p.column, p.what, "error", None if p.row is None else _rows(p.row))
             continue
         start = 0
         for rg, n in enumerate(info.row_groups):

@@ -122,7 +122,8 @@ class OnlineDistill:
         batch = next(iter(ParquetLoader(files, self.src.schema, 8, drop_last=False)))
         with torch.no_grad():
             out = model(batch.to(self.device))
-        return {n: int(e.shape[1]) for n, e in _extras(out, tuple(self.cfg.distill.fm_embeddings)).items()}
+        return {n: int(e.shape[1]) for n, e in _extras(out, tuple(self.cfg.distill.fm_embeddings),
+                                                       "distill.fm_embeddings").items()}
 
     def start_trainer(self) -> DistillTrainer:
         fm_model = None

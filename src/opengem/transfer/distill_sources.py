@@ -86,8 +86,13 @@ def side_table(spec: str, versions: list[FMVersion], data_dir: str, out: Path, p
     """Generate (resumably, into ``out``) and read the FM's side table for ``parts``."""
     run, _ = parse_fm_spec(spec)
     published = (run / VERSIONS).is_dir()
-    generate(spec, data_dir, out, lag=lag, partitions=",".join(parts), embeddings=embeddings,
-             batch_size=batch_size, threads=threads, versions=None if published else versions)
+    try:
+        generate(spec, data_dir, out, lag=lag, partitions=",".join(parts), embeddings=embeddings,
+                 batch_size=batch_size, threads=threads, versions=None if published else versions)
+    except UsageError as e:  # generate names its own flag; here the recipe's key asked for them
+        if str(e).startswith("--embeddings "):
+            raise UsageError("distill.fm_embeddings " + str(e)[len("--embeddings "):]) from None
+        raise
     return read_side_table(out, parts)
 
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from opengem.config import ConfigError, load_config
+from opengem.config import ConfigError, load_config, nonfinite_floats
 from opengem.model.registry import ModelConfig
 from opengem.train.config import RunConfig, TrainConfig
 from opengem.transfer.adapter import AdapterConfig
@@ -149,6 +149,25 @@ class ExperimentConfig:
             raise ConfigError("arms: 'baseline' and 'kd' are required (TR and R are relative to them)")
         if not self.kd.grid or any(len(g) not in (2, 3) for g in self.kd.grid):
             raise ConfigError("kd.grid: a list of [weight, temperature] or [weight, temperature, mse]")
+        bad = nonfinite_floats(self)
+        if bad:
+            raise ConfigError(f"{bad[0]}: must be a finite number")
+        if any(g[0] < 0 or g[1] <= 0 or (len(g) == 3 and g[2] < 0) for g in self.kd.grid):
+            raise ConfigError(f"kd.grid: weights >= 0 and temperatures > 0, got {self.kd.grid}")
+        if self.bootstrap < 1:
+            raise ConfigError(f"bootstrap: resamples for the confidence intervals, >= 1 (got "
+                              f"{self.bootstrap})")
+        if self.vm.schema.max_len < 0:
+            raise ConfigError(f"vm.schema.max_len: >= 0 (0 drops the sequences; got "
+                              f"{self.vm.schema.max_len})")
+        if self.vm.schema.max_len == 0 and self.sharing.sequence_encoder and "param_sharing" in self.arms:
+            raise ConfigError("sharing.sequence_encoder: the param_sharing arm shares the FM's sequence "
+                              "encoder, and vm.schema.max_len = 0 drops the VM's sequences; set "
+                              "sharing.sequence_encoder = false or keep a history")
+        try:
+            self.fm.validate()
+        except ConfigError as e:  # the FM's own recipe: its keys live under fm.
+            raise ConfigError(f"fm.{e}") from None
         if self.lag < 0 or any(s < 0 for s in self.staleness):
             raise ConfigError("lag / staleness: must be >= 0")
         for key in ("publish_every", "vm_first_window", "vm_history_windows", "validation_windows"):

@@ -175,14 +175,15 @@ def _load_version(v: FMVersion, schema: Any, device: torch.device, pg: Any) -> t
     return model
 
 
-def _extras(out: Any, names: tuple[str, ...]) -> dict[str, torch.Tensor]:
+def _extras(out: Any, names: tuple[str, ...], key: str = "--embeddings") -> dict[str, torch.Tensor]:
+    """The FM outputs ``names`` asked for (``key``: the flag or config key that asked, for the error)."""
     ex = dict(out.extras)
     ex.setdefault("trunk", out.trunk)
     if "ad" not in ex and "target" in ex:
         ex["ad"] = ex["target"]
     missing = [n for n in names if n not in ex]
     if missing:
-        raise UsageError(f"--embeddings {','.join(names)}: the FM's outputs have no {missing} (it has "
+        raise UsageError(f"{key} {','.join(names)}: the FM's outputs have no {missing} (it has "
                          f"{', '.join(sorted(ex))})")
     return {n: ex[n] for n in names}
 
@@ -250,6 +251,8 @@ def generate(
     """
 
     warnings.filterwarnings("ignore", category=FutureWarning)
+    if lag < 0 or batch_size < 1:
+        raise UsageError(f"--lag must be >= 0 and --batch-size >= 1 (got {lag}, {batch_size})")
     run, pinned = parse_fm_spec(str(fm))
     if versions is None and not (run / VERSIONS).is_dir():
         # a batch-trained run (opengem train): its own checkpoint is its one version, 0, as distill reads it
