@@ -451,3 +451,14 @@ def test_generate_folds_a_batch_fms_calibration_into_its_labels(fm_batch, tmp_pa
     got = 1 / (1 + np.exp(-side.column("fm_logit_click").to_numpy()[order]))
     assert np.allclose(got, want, atol=1e-5)
     assert json.loads((tmp_path / "side" / "generate.json").read_text())["calibration"]
+
+
+def test_generate_removes_the_parts_a_killed_generate_left(fm_batch, tmp_path):
+    fm, data = fm_batch
+    side = tmp_path / "side"
+    side.mkdir()
+    dead = side / ".day=002.parquet.tmp-999999999"  # no such process
+    dead.write_bytes(b"half a part")
+    assert main(["generate", "--fm", str(fm), "--data", str(data), "--out", str(side), "--partitions",
+                 "day=002", "--embeddings", ""]) == 0
+    assert not dead.exists() and (side / "day=002.parquet").exists()

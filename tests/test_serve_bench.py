@@ -170,3 +170,13 @@ def test_a_cell_with_no_answered_request_is_null_in_json_and_dashes_in_the_table
     assert clean["cells"][0]["p50_ms"] is None
     json.loads(json.dumps(clean), parse_constant=lambda c: pytest.fail(f"{c} in the JSON"))
     assert serve_bench._row(cell).split()[-3:] == ["-", "-", "-"]
+
+
+def test_a_requests_file_that_is_not_json_is_named(tmp_path: Path) -> None:
+    bad = tmp_path / "req.json"
+    bad.write_text('{"bad": ')
+    with pytest.raises(UsageError, match=r"--requests-file .*req.json: not a readable JSON file"):
+        serve_bench.candidate_pool(None, str(bad))
+    bad.write_text("[1, 2]")
+    with pytest.raises(UsageError, match=r"a request or a list of requests"):
+        serve_bench.candidate_pool(None, str(bad))

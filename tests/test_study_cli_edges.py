@@ -144,3 +144,16 @@ def test_validate_names_every_missing_or_mistyped_column_of_a_file(tmp_path: Pat
     log, _ = validate_files([f], ds.schema)
     text = log.report()
     assert log.total == 2 and "column user_id: wrong type" in text and "column ad_id: missing" in text, text
+
+
+def test_a_run_in_use_is_told_apart_without_touching_its_lock(tmp_path: Path) -> None:
+    from opengem.train.run_dir import LOCK_FILE, RunLock, run_in_use
+
+    run = tmp_path / "run"
+    assert run_in_use(run) is None and not run.exists()
+    run.mkdir()
+    with RunLock(run):
+        holder = run_in_use(run)
+        assert holder is not None and "pid" in holder
+        before = (run / LOCK_FILE).read_text()
+    assert run_in_use(run) is None and (run / LOCK_FILE).read_text() == before

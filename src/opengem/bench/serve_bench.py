@@ -78,8 +78,14 @@ def candidate_pool(data: str | None, requests_file: str | None, limit: int = 409
     values (an artifact of data made by ``opengem convert table``): the rows are read from the
     dataset's source files, not its canonical Parquet (see :func:`_rows_from_sources`)."""
     if requests_file:
-        reqs = json.loads(Path(requests_file).read_text())
+        try:
+            reqs = json.loads(Path(requests_file).read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise UsageError(f"--requests-file {requests_file}: not a readable JSON file ({e})") from None
         reqs = reqs if isinstance(reqs, list) else [reqs]
+        if not all(isinstance(r, dict) for r in reqs):
+            raise UsageError(f"--requests-file {requests_file}: a request or a list of requests (JSON "
+                             "objects with 'candidates'), as POST /predict takes")
         cands = [c for r in reqs for c in r.get("candidates", [])]
         if not cands:
             raise UsageError(f"--requests-file {requests_file}: no candidates in it")

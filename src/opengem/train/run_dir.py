@@ -113,6 +113,25 @@ class RunLock:
         self.release()
 
 
+def run_in_use(run_dir: str | Path) -> str | None:
+    """Who holds RUN's lock now (a run still training, say), or None; takes no lock that outlives the call
+    and writes nothing."""
+    path = Path(run_dir) / LOCK_FILE
+    try:
+        f = open(path)  # noqa: SIM115 - closed below; read-only: never creates or truncates the lock file
+    except OSError:
+        return None
+    with f:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return _describe_holder(f.read().strip())
+        except OSError:
+            return None
+        fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+    return None
+
+
 def _describe_holder(text: str) -> str:
     try:
         h = json.loads(text)

@@ -11,6 +11,7 @@ the example's ts, so rows as old as the FM's training data get no teacher (they 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from opengem.data.schema import FeatureSchema, schema_differences
 from opengem.errors import DatasetError, UsageError
 from opengem.train.config import load_run_config
 from opengem.train.evaluate import run_checkpoint
+from opengem.train.run_dir import run_in_use
 from opengem.transfer.generate import SETTINGS, generate, read_side_table
 from opengem.transfer.versions import VERSIONS, FMVersion, VersionError, list_versions, max_ts, parse_fm_spec
 
@@ -56,6 +58,10 @@ def fm_versions(spec: str, what: str = "--fm") -> tuple[Path, list[FMVersion]]:
         raise FMRunError(f"{what} {spec}: cannot tell which rows the FM trained on (its data.train "
                          f"{cfg.data.train!r} in {cfg.data.path}): {e}") from None
     path, _ = run_checkpoint(run)
+    holder = run_in_use(run)
+    if holder:  # its newest checkpoint now is a mid-training one, and will not stay the newest
+        print(f"opengem: warning: {what} {spec} is still training ({holder}): its checkpoint {path.name} is "
+              "the teacher; a --resume after it has moved on is refused", file=sys.stderr, flush=True)
     return run, [FMVersion(0, through, path, tuple(fm_data.select(cfg.data.train)))]
 
 

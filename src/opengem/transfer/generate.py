@@ -92,6 +92,20 @@ def _calibration_digest(run: Path) -> str | None:
     return hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path.is_file() else None
 
 
+def _remove_dead_writes(out: Path) -> None:
+    """Temporary parts of a generate that was killed (kill -9 leaves them): its process is gone."""
+    for tmp in out.glob(".*.parquet.tmp-*"):
+        pid = tmp.name.rsplit("-", 1)[-1]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            tmp.unlink(missing_ok=True)
+        except PermissionError:
+            pass  # alive, someone else's
+
+
 def part_files(out: Path) -> list[Path]:
     """The finished parts in ``out`` (temporary names start with a dot)."""
     return sorted(p for p in out.glob("*.parquet") if not p.name.startswith("."))
@@ -295,6 +309,7 @@ def generate(
             cache[i] = _load_version(versions[i], schema, dev, pg)
             return cache[i]
 
+        _remove_dead_writes(out)
         for part in ds.select(partitions):
             dest = out / f"{part}.parquet"
             if dest.exists():
