@@ -49,13 +49,12 @@ from opengem.transfer.adapter import StudentAdapter
 from opengem.transfer.distill_config import DistillConfig
 from opengem.transfer.distill_sources import (
     check_same_schema,
-    fm_schema,
-    fm_versions,
     given_side_table,
     side_table,
     teacher_coverage,
 )
 from opengem.transfer.distill_trainer import DistillTrainer
+from opengem.transfer.fm_runs import fm_schema, fm_versions
 from opengem.transfer.generate import _load_version
 from opengem.transfer.knowledge import KnowledgeTable, read_labels
 from opengem.transfer.representation import embedding_lookup

@@ -57,6 +57,7 @@ from opengem.train.config import load_run_config
 from opengem.train.distributed import process_group
 from opengem.train.env import cpu_threads, resolve_device
 from opengem.train.parallelize import build_run_model
+from opengem.transfer.fm_runs import fm_versions
 from opengem.transfer.versions import (
     VERSIONS,
     FMVersion,
@@ -270,8 +271,6 @@ def generate(
     run, pinned = parse_fm_spec(str(fm))
     if versions is None and not (run / VERSIONS).is_dir():
         # a batch-trained run (opengem train): its own checkpoint is its one version, 0, as distill reads it
-        from opengem.transfer.distill_sources import fm_versions  # (that module imports this one)
-
         _, versions = fm_versions(str(run))
     versions = list_versions(run) if versions is None else sorted(
         versions, key=lambda v: (v.trained_through_ts, v.version))
