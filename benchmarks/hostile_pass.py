@@ -315,7 +315,8 @@ def cases(w: Path) -> list[Case]:
 
     # --- generate
     add(Case("generate: --fm missing", ["generate", "--fm", "nope", "--data", D, "--out", "g0"]))
-    add(Case("generate: --fm run without versions/", ["generate", "--fm", R, "--data", D, "--out", "g1"]))
+    add(Case("generate: --fm a batch-trained run (version 0, as distill reads it; control)",
+             ["generate", "--fm", R, "--data", D, "--out", "g1"], expect="ok"))
     add(Case("generate: --fm is a file", ["generate", "--fm", "afile6", "--data", D, "--out", "g2"],
              setup=lambda w: write(w / "afile6", "x")))
     add(Case("generate: --lag -1", ["generate", "--fm", R, "--data", D, "--out", "g3", "--lag", "-1"]))

@@ -327,6 +327,8 @@ def write_report(paths: list[str | Path], out: str | Path | None = None) -> Path
     """Build the page and write it to ``out``; an existing ``out`` is replaced only when it is an earlier
     report (``--out RUN/metrics.jsonl`` replaced the run's log with HTML)."""
     out = Path(out) if out else default_out(paths)
+    if out.is_dir():
+        raise ReportError(f"--out {out}: is a folder; give the HTML file to write (e.g. {out / 'r.html'})")
     if out.is_file():
         try:
             head = out.read_bytes()[:65536].decode("utf-8", errors="replace")
