@@ -157,3 +157,16 @@ def test_a_run_in_use_is_told_apart_without_touching_its_lock(tmp_path: Path) ->
         assert holder is not None and "pid" in holder
         before = (run / LOCK_FILE).read_text()
     assert run_in_use(run) is None and (run / LOCK_FILE).read_text() == before
+
+
+def test_a_failed_run_logs_why_and_the_report_says_so(tmp_path: Path, capsys) -> None:  # type: ignore
+    """A run that failed said only 'training did not finish?' in its report."""
+    from opengem.bench.report import build_report
+
+    run = tmp_path / "r"
+    rc, err = run_cli(capsys, ["train", "--config", str(ROOT / "configs" / "tiny.toml"), "--out", str(run),
+                               "train.steps=3", "train.lr=1e6", "train.progress=false"])
+    assert rc == 1 and "loss is nan" in one_error_line(err, "train")
+    assert '"kind": "error"' in (run / "metrics.jsonl").read_text().splitlines()[-1]
+    page = build_report([run])
+    assert "training stopped with an error at step" in page and "did not finish" not in page

@@ -128,6 +128,9 @@ def load_run(path: str | Path, name: str | None = None) -> RunData:
     online = _read_json(path / ONLINE_SUMMARY, run.notes)
     if run.summary is None and (online is not None or run.kind("online_train")):
         _read_online(run, online if isinstance(online, dict) else None)
+    elif run.summary is None and run.records and run.records[-1].get("kind") == "error":
+        last = run.records[-1]
+        run.notes.append(f"training stopped with an error at step {last.get('step')}: {last.get('error')}")
     elif run.summary is None and not any("train_summary" in n for n in run.notes):
         run.notes.append("no train_summary.json (training did not finish?)")
     run.eval = _read_json(path / "eval.json", run.notes)

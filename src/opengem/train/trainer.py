@@ -668,7 +668,12 @@ def train(cfg: RunConfig, run_dir: str | Path, data_dir: str | Path | None = Non
     """
     with Trainer(cfg, run_dir, data_dir, resume=resume, force=force, allow_config_change=allow_config_change,
                  timer=timer) as trainer:
-        return trainer.fit()
+        try:
+            return trainer.fit()
+        except OpengemError as e:
+            if not isinstance(e, RunInterrupted):  # the run's own log says why it stopped (opengem report)
+                trainer.log.write({"kind": "error", "step": trainer.step, "error": str(e)}, trainer.step)
+            raise
 
 
 def ckpt_float(res: dict[str, Any], metric: str, key: str) -> float | None:
