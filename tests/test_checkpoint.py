@@ -71,6 +71,23 @@ def test_resume_at_an_epoch_boundary_goes_on_into_the_next_epoch(tmp_path, data)
     assert_same_params(tmp_path / "full", tmp_path / "part")
 
 
+def test_a_finished_run_resumed_with_more_steps_goes_on_exactly(tmp_path, data):
+    """A run that stopped mid-epoch on train.steps and is resumed with more steps: the epoch it stopped in
+    goes on with its own shuffle seed (the final checkpoint recorded the next epoch, so from the next
+    epoch on the losses left the uninterrupted run's), and the summary's rate counts this process's work."""
+    one_epoch = ["train.steps=0", "train.epochs=1", "train.checkpoint_every=0"]
+    epoch = train(load_run_config(TINY, FAST + one_epoch), tmp_path / "epoch", data)["steps"]
+    total, first = 2 * epoch + 3, epoch + epoch // 2  # past the end of epoch 1 and into epoch 2
+    full = train(load_run_config(TINY, FAST + [f"train.steps={total}"]), tmp_path / "full", data)
+    part = train(load_run_config(TINY, FAST + [f"train.steps={first}"]), tmp_path / "part", data)
+    assert part["epochs"] == 2  # epochs begun
+    res = train(load_run_config(TINY, FAST + [f"train.steps={total}"]), tmp_path / "part", data, resume=True)
+    assert res["steps"] == total and res["epochs"] == full["epochs"] == 3
+    assert losses(tmp_path / "part") == losses(tmp_path / "full")
+    assert_same_params(tmp_path / "full", tmp_path / "part")
+    assert res["examples_per_s"] < 1.5 * (total - first) * res["examples"] / total / res["train_seconds"]
+
+
 def test_a_failed_resume_leaves_config_toml_as_it_was(tmp_path, data):
     """--allow-config-change with a model the checkpoint does not hold fails to load it; config.toml used
     to be rewritten first, so every later command on the run failed with 'saved by a different model'."""

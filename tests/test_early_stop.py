@@ -96,3 +96,33 @@ def test_early_stop_partition_must_not_overlap_train(tmp_path):
                                  "train.early_stop.partition='@train'"])
     with pytest.raises(ConfigError, match=r"train.early_stop.partition \('@train'\) and data.train"):
         train(cfg, tmp_path / "run")
+
+
+def test_the_state_training_ended_in_is_compared_too(tmp_path):
+    """With eval_every = 0 the last epoch was never compared (done before the check), nor the steps after
+    the last periodic evaluation: 'best' could be worse than the final model."""
+    run = tmp_path / "run"
+    cfg = load_run_config(TINY, ["train.progress=false", "train.steps=0", "train.epochs=2",
+                                 "train.eval_every=0", "train.early_stop.patience=5",
+                                 "train.final_eval=false"])
+    summary = train(cfg, run)
+    decisions = [r for r in _records(run) if r["kind"] == "early_stop" and not r.get("final")]
+    assert [r["step"] for r in decisions] == [summary["steps"] // 2, summary["steps"]]
+    run2 = tmp_path / "run2"
+    cfg = load_run_config(TINY, ["train.progress=false", "train.steps=10", "train.eval_every=4",
+                                 "train.early_stop.patience=5", "train.final_eval=false"])
+    train(cfg, run2)
+    decisions = [r for r in _records(run2) if r["kind"] == "early_stop" and not r.get("final")]
+    assert [r["step"] for r in decisions] == [4, 8, 10]
+
+
+def test_an_early_stopped_run_resumed_stays_stopped(tmp_path):
+    """--resume of a run early stopping had ended trained on (5 more steps, another decision, final
+    checkpoint overwritten); a finished run resumes as a no-op."""
+    run = tmp_path / "run"
+    args = ["train.progress=false", "train.steps=40", "train.eval_every=4", "train.early_stop.patience=1",
+            "train.early_stop.min_delta=10.0"]
+    first = train(load_run_config(TINY, args), run)
+    assert first["early_stop"]["stopped_early"] and first["steps"] == 8
+    again = train(load_run_config(TINY, args), run, resume=True)
+    assert again["steps"] == 8 and again["early_stop"]["best_step"] == 4

@@ -170,3 +170,31 @@ def test_a_failed_run_logs_why_and_the_report_says_so(tmp_path: Path, capsys) ->
     assert '"kind": "error"' in (run / "metrics.jsonl").read_text().splitlines()[-1]
     page = build_report([run])
     assert "training stopped with an error at step" in page and "did not finish" not in page
+
+
+@pytest.mark.parametrize("override, why", [
+    ("train.sparse_eps=nan", "train.sparse_eps = nan: must be a finite number"),  # internal error
+    ("train.sparse_eps=-1", "train.sparse_eps: must be > 0"),
+    ("train.dist_timeout_s=inf", "train.dist_timeout_s = inf: must be a finite number"),  # OverflowError
+    ("train.dist_timeout_s=1e300", "train.dist_timeout_s: must be <= 1e9 seconds"),
+    ("train.early_stop.min_delta=nan", "train.early_stop.min_delta = nan"),  # accepted: nothing improved
+    ("train.weight_decay=inf", "train.weight_decay = inf"),  # 'loss is nan (lower train.lr)'
+])
+def test_a_training_float_that_cannot_work_is_refused_by_key(override: str, why: str) -> None:
+    from opengem.config import ConfigError
+    from opengem.train.config import load_run_config
+
+    with pytest.raises(ConfigError, match=re.escape(why)):
+        load_run_config(ROOT / "configs" / "tiny.toml", [override]).validate()
+
+
+def test_compile_may_be_switched_on_a_resume() -> None:
+    """train.compile is resumable, but it sets model.embedding.pad_to_max_len, which the resume check
+    counted as a change the user never made."""
+    from opengem.train.config import load_run_config
+    from opengem.train.run_dir import config_changes
+
+    old = load_run_config(ROOT / "configs" / "tiny.toml", [])
+    new = load_run_config(ROOT / "configs" / "tiny.toml", ["train.compile=true",
+                                                           "model.embedding.pad_to_max_len=true"])
+    assert config_changes(old, new) == {}

@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import signal
 import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -757,7 +758,7 @@ class ParquetLoader:
             items: Any = iter(stream)
         else:
             items = iter(tud.DataLoader(stream, batch_size=None, num_workers=self.num_workers,
-                                        collate_fn=_identity))
+                                        collate_fn=_identity, worker_init_fn=_ignore_stop_signals))
         for batch, updates, counts, samples, error in items:
             for k, v in updates.items():
                 self._offsets[k] = max(v, self._offsets.get(k, 0))
@@ -771,6 +772,14 @@ class ParquetLoader:
         self._offsets = {}
         self._streams = self.num_streams
         self._saved_mixing = (self.shuffle_window, self.seed)
+
+
+def _ignore_stop_signals(worker_id: int) -> None:  # noqa: ARG001
+    """A reading worker leaves SIGINT/SIGTERM to the training process, which finishes its step, saves and
+    stops: a terminal's Ctrl-C and ``timeout``/systemd send them to the whole process group, and a worker
+    that died of SIGTERM took the run down without a checkpoint (one that took SIGINT announced it again)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def _identity(x: Any) -> Any:

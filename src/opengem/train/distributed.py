@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from opengem.config import ConfigError
 from opengem.errors import DatasetError
 
 log = logging.getLogger("opengem.train")
@@ -99,11 +100,11 @@ def dense_mesh(device: torch.device, dp_replicate: int = 1, dp_shard: int = -1) 
         return None
     if dp_shard == -1:
         if world % dp_replicate:
-            raise ValueError(f"train.dp_replicate = {dp_replicate} does not divide the world size {world}")
+            raise ConfigError(f"train.dp_replicate = {dp_replicate} does not divide the world size {world}")
         dp_shard = world // dp_replicate
     if dp_replicate * dp_shard != world:
-        raise ValueError(f"train.dp_replicate * train.dp_shard = {dp_replicate} * {dp_shard} "
-                         f"!= world size {world}")
+        raise ConfigError(f"train.dp_replicate * train.dp_shard = {dp_replicate} * {dp_shard} "
+                          f"!= world size {world}")
     if dp_replicate == 1:
         return init_device_mesh(device.type, (dp_shard,), mesh_dim_names=("dp_shard",))
     return init_device_mesh(device.type, (dp_replicate, dp_shard),

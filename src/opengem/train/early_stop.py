@@ -70,12 +70,14 @@ class EarlyStopper:
         self.bad: int = 0  # evaluations since the last improvement
         self.evaluations: int = 0
         self.stopped: bool = False
+        self.last_step: int | None = None  # the step last compared (the end of a run is compared once)
 
     def update(self, step: int, result: dict[str, Any]) -> bool:
         """Record an evaluation at ``step``; True when it is the best so far (save it). A NaN score (no
         observed label of any task) never improves."""
         value = score(result, self.cfg.metric, self.cfg.key)
         self.evaluations += 1
+        self.last_step = step
         better = not math.isnan(value) and (
             self.best_value is None
             or (value > self.best_value + self.cfg.min_delta if self.higher_is_better
@@ -100,7 +102,7 @@ class EarlyStopper:
 
     def state_dict(self) -> dict[str, Any]:
         return {"best_value": self.best_value, "best_step": self.best_step, "bad": self.bad,
-                "evaluations": self.evaluations, "stopped": self.stopped}
+                "evaluations": self.evaluations, "stopped": self.stopped, "last_step": self.last_step}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.best_value = state.get("best_value")
@@ -108,3 +110,4 @@ class EarlyStopper:
         self.bad = int(state.get("bad", 0))
         self.evaluations = int(state.get("evaluations", 0))
         self.stopped = bool(state.get("stopped", False))
+        self.last_step = state.get("last_step")

@@ -56,6 +56,8 @@ RESUMABLE_KEYS = frozenset({
     "train.compile_cache_dir", "train.activation_checkpointing", "train.online_poll_s",
     "train.online_max_idle_s", "train.online_until", "train.online_first",
     "data.eval_batch_size", "data.num_workers",
+    # padding to max_len instead of each batch's longest (masked): set by train.compile, which may change
+    "model.embedding.pad_to_max_len",
 })
 
 

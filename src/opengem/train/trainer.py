@@ -453,7 +453,10 @@ class Trainer:
                 self._bar.update(self.step)
         problems: list[str] = []
         t_start = window_t = time.perf_counter()
-        done = bool((t.steps and self.step >= t.steps) or (not t.steps and self.epoch >= t.epochs))
+        done = bool((t.steps and self.step >= t.steps) or (not t.steps and self.epoch >= t.epochs)
+                    or (self.stopper is not None and self.stopper.stopped))  # early-stopped: stays stopped
+        examples_at_start = self.examples  # a resumed run's rate counts what this process trained
+        mid_epoch = False  # stopped inside an epoch: the final checkpoint's epoch is that one
         step_seconds, first_step_done = 0.0, False
         end_position = self.loader_state  # the loader position saved with the final checkpoint
         stop_code, stop_position = 0, None
@@ -487,13 +490,13 @@ class Trainer:
                             self.log.write({"kind": "eval", "step": self.step, **short_metrics(res)},
                                            self.step)
                         if self._early_stop_check(res, self.validator.max_batches):
-                            done = True
+                            done = mid_epoch = True
                             end_position = position()
                             break
                     if self.checkpointer.should_save(self.step):
                         self.save_checkpoint(loader_state=position())
                     if t.steps and self.step >= t.steps:
-                        done = True
+                        done = mid_epoch = True
                         end_position = position()  # mid-epoch: a later --resume with more steps
                         break
                     stop_code = signals.requested(self.device)
@@ -508,6 +511,8 @@ class Trainer:
             if seen_in_epoch == 0 and not resumed:  # resumed at the epoch's end: on to the next one
                 raise TrainError(f"{self.data_path}: partitions {cfg.data.train!r} gave no full batch of "
                                  f"{cfg.data.batch_size} rows (lower data.batch_size)")
+            if mid_epoch:  # the epoch goes on after a --resume with more steps: its shuffle seed is its own
+                break
             self.epoch += 1
             if not t.steps and self.epoch >= t.epochs:
                 done = True
@@ -521,6 +526,10 @@ class Trainer:
         if stop_code:
             self._stop(stop_code, stop_position)
         train_s = time.perf_counter() - t_start
+        if self.stopper is not None and not self.stopper.stopped and self.stopper.last_step != self.step:
+            # the state training ended in is compared too (the last epoch with eval_every = 0, the steps
+            # after the last periodic evaluation): "best" was otherwise chosen without it
+            self._early_stop_check(None, 0)
         self.save_checkpoint(final=True, loader_state=end_position)
         best = self._restore_best()  # the final evaluation measures the model early stopping kept
         final_eval = None
@@ -530,9 +539,11 @@ class Trainer:
                 self.log.write({"kind": "eval", "step": self.step, "final": True,
                                 **short_metrics(final_eval)}, self.step)
         summary = {
-            "model": cfg.model.name, "run_id": self.run["run_id"], "steps": self.step, "epochs": self.epoch,
+            "model": cfg.model.name, "run_id": self.run["run_id"], "steps": self.step,
+            "epochs": self.epoch + mid_epoch,  # epochs begun
             "examples": self.examples,
-            "train_seconds": train_s, "examples_per_s": self.examples / max(train_s, 1e-9),
+            "train_seconds": train_s,
+            "examples_per_s": (self.examples - examples_at_start) / max(train_s, 1e-9),
             "first_loss": self.first_loss, "last_loss": self.last_loss, "flops_per_example": self.flops,
             "device": str(self.device), "checkpoint": str(ckpt.checkpoint_dir(self.run_dir)),
             "final_eval": final_eval["metrics"] if final_eval else None,
