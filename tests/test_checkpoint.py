@@ -284,6 +284,7 @@ def test_two_processes_checkpoint_loads_into_one(tmp_path, data):
     before = final_tensors(tmp_path / "run")
     one = run_train(1, tmp_path / "run", aligned, args, resume=True)  # nothing left to train: reload + save
     assert one["resumed"]["saved_world_size"] == 2 and one["world_size"] == 1
+    assert any("the global batch goes from 64 to 32 rows" in w for w in one["warnings"])  # said, not silent
     after = final_tensors(tmp_path / "run")
     for k in before:
         assert torch.equal(before[k], after[k]), k

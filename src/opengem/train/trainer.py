@@ -266,6 +266,12 @@ class Trainer:
         self.load_state_dict(meta.get("extra", {}))
         self.loader_state = meta.get("loader")
         self.resumed = {"checkpoint": str(path), "step": self.step, "saved_world_size": meta["world_size"]}
+        saved = int(meta.get("world_size") or self.world)
+        if saved != self.world:  # allowed (a machine count changes), but not the same run from here on
+            bs = self.cfg.data.batch_size
+            self._warn(f"resumed in {self.world} process(es) a run saved by {saved}: data.batch_size is per "
+                       f"process, so the global batch goes from {bs * saved} to {bs * self.world} rows and "
+                       "the run no longer continues as it would have")
 
     # ----------------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
