@@ -291,3 +291,18 @@ def test_an_online_run_reports_its_windows(tmp_path):
     assert "training did not finish" not in page and "no training loss recorded" not in page
     assert "an online run: 2 window(s) trained, 2 version(s) published (idle 0s" in page
     assert "progressive evaluation of the last window" in page and len(pngs(page)) >= 2
+
+
+def test_an_isoflop_study_folder_is_reported(tmp_path, real_run):
+    """`opengem report` of an iso-FLOP study's folder was refused as neither a run nor a sweep."""
+    study = tmp_path / "iso"
+    study.mkdir()
+    (study / "isoflop_runs.csv").write_text("run,family,budget,valid_ne\ngem-s0-b0,gem,0,0.91\n")
+    (study / "isoflop.json").write_text(json.dumps({"reference": "gem", "budgets": [3.8e8, 1.2e9]}))
+    (study / "isoflop.toml").write_text('base = "small.toml"\n')
+    png = pngs(build_report([fake_run(tmp_path / "r")]))[0]
+    (study / "isoflop.png").write_bytes(png)
+    page = build_report([study])
+    assert section_ids(page) == ["overview", "scaling"]
+    assert "<h3>isoflop.json</h3>" in page and "gem-s0-b0" in page and "isoflop.toml" in page
+    assert pngs(page) == [png] and "no scaling.csv" not in page

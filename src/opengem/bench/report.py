@@ -1,8 +1,9 @@
 """``opengem report RUN [RUN ...] [--out FILE.html]``: one self-contained HTML page of runs and sweeps.
 
 One run gives its own page; several give a comparison page (curves overlaid, metrics side by side,
-config differences). A scaling sweep folder (scaling.csv / fits.json / scaling.png) adds a scaling
-section. Plots are matplotlib PNGs inlined as base64, there are no scripts and no external assets, so
+config differences). A study folder of ``opengem scale`` (a sweep's scaling.csv / fits.json / scaling.png,
+an iso-FLOP study's isoflop_runs.csv / isoflop.json, an ablation's ablation_runs.csv / ablation.json) adds a
+scaling section. Plots are matplotlib PNGs inlined as base64, there are no scripts and no external assets, so
 the page opens from disk, in CI artefacts or mail, with no server.
 """
 
@@ -258,16 +259,16 @@ def _scaling(sweeps: list[SweepData]) -> str:
             rows = [[_num(v) for v in row] for row in sw.csv_rows[:MAX_CSV_ROWS]]
             out.append(H.table(sw.csv_header, rows, left_cols=0))
             if len(sw.csv_rows) > MAX_CSV_ROWS:
-                out.append(H.note(f"scaling.csv: first {MAX_CSV_ROWS} of {len(sw.csv_rows)} rows shown"))
+                out.append(H.note(f"{sw.files[0]}: first {MAX_CSV_ROWS} of {len(sw.csv_rows)} rows shown"))
         if sw.fits is not None:
-            out.append("<h3>fits.json</h3>")
+            out.append(f"<h3>{H.esc(sw.files[1])}</h3>")
             if isinstance(sw.fits, dict) and sw.fits:
                 flat = {k: v for k, v in flatten_dict(sw.fits).items() if not isinstance(v, (list, dict))}
                 out.append(H.table(["fit", "value"], [[k, _num(v)] for k, v in flat.items()]))
-            out.append(f"<details><summary>fits.json (all of it)</summary>"
+            out.append(f"<details><summary>{H.esc(sw.files[1])} (all of it)</summary>"
                        f"{H.pre(json.dumps(sw.fits, indent=2))}</details>")
         if sw.sweep_toml:
-            out.append(f"<details><summary>sweep.toml</summary>{H.pre(sw.sweep_toml)}</details>")
+            out.append(f"<details><summary>{H.esc(sw.files[2])}</summary>{H.pre(sw.sweep_toml)}</details>")
         if sw.runs:
             out.append('<p class="muted">runs of this sweep (pass them to `opengem report` to compare): '
                        + H.esc(", ".join(sw.runs)) + "</p>")
@@ -344,7 +345,7 @@ def write_report(paths: list[str | Path], out: str | Path | None = None) -> Path
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("paths", nargs="+", metavar="RUN",
-                   help="run folders (opengem train --out) and/or scaling sweep folders (opengem scale)")
+                   help="run folders (opengem train --out) and/or study folders of opengem scale")
     p.add_argument("--out", default=None,
                    help="HTML file (default: RUN/report.html for one folder, ./report.html for several)")
 

@@ -21,6 +21,11 @@ from opengem.errors import OpengemError
 RUN_FILES = ("config.toml", "metrics.jsonl", "train_summary.json", "eval.json")
 ONLINE_SUMMARY = "online_summary.json"  # opengem train --online (train/online.py)
 SWEEP_FILES = ("scaling.csv", "fits.json", "scaling.png")
+# the studies of `opengem scale` as the report reads them: (runs table, summary, resolved config) per design;
+# a folder is the first whose table or summary it holds (the sweep's names first: older reports read them)
+STUDY_FILES = (("scaling.csv", "fits.json", "sweep.toml"),
+               ("isoflop_runs.csv", "isoflop.json", "isoflop.toml"),
+               ("ablation_runs.csv", "ablation.json", "ablation.toml"))
 # optional: -> reliability curves. Long (columns surface, task, p, y) or as `opengem predict` writes it
 # (surface, one probability column per task, <task>_label beside it)
 PREDICTIONS = "predictions.parquet"
@@ -76,12 +81,17 @@ class SweepData:
     fits: Any = None
     pngs: dict[str, bytes] = field(default_factory=dict)
     sweep_toml: str | None = None
+    files: tuple[str, str, str] = STUDY_FILES[0]  # which study's (table, summary, config) these are
     runs: list[str] = field(default_factory=list)  # run folders under runs/ (opengem scale's layout)
     notes: list[str] = field(default_factory=list)
 
 
 def is_sweep(path: Path) -> bool:
-    return any((path / f).exists() for f in SWEEP_FILES)
+    return any((path / f).exists() for f in SWEEP_FILES) or _study_files(path) != STUDY_FILES[0]
+
+
+def _study_files(path: Path) -> tuple[str, str, str]:
+    return next((f for f in STUDY_FILES if (path / f[0]).exists() or (path / f[1]).exists()), STUDY_FILES[0])
 
 
 def is_run(path: Path) -> bool:
@@ -179,8 +189,9 @@ def _read_online(run: RunData, online: dict[str, Any] | None) -> None:
 
 def load_sweep(path: str | Path, name: str | None = None) -> SweepData:
     path = Path(path)
-    sw = SweepData(path=path, name=name or path.name)
-    c = path / "scaling.csv"
+    sw = SweepData(path=path, name=name or path.name, files=_study_files(path))
+    table, summary, config = sw.files
+    c = path / table
     if c.exists():
         try:
             with c.open(newline="") as f:
@@ -188,23 +199,23 @@ def load_sweep(path: str | Path, name: str | None = None) -> SweepData:
             sw.csv_header, sw.csv_rows = (rows[0], rows[1:]) if rows else ([], [])
             short = [i for i, row in enumerate(sw.csv_rows, 2) if len(row) != len(sw.csv_header)]
             if short:  # a file cut short (or edited): a row missing fields is no point to plot
-                sw.notes.append(f"scaling.csv line {short[0]}: {len(sw.csv_rows[short[0] - 2])} fields, the "
+                sw.notes.append(f"{table} line {short[0]}: {len(sw.csv_rows[short[0] - 2])} fields, the "
                                 f"header has {len(sw.csv_header)} (cut short?); {len(short)} such row(s) "
                                 "left out")
                 sw.csv_rows = [row for row in sw.csv_rows if len(row) == len(sw.csv_header)]
         except (OSError, csv.Error, UnicodeDecodeError) as e:
-            sw.notes.append(f"scaling.csv: unreadable ({e})")
+            sw.notes.append(f"{table}: unreadable ({e})")
     else:
-        sw.notes.append("no scaling.csv")
-    sw.fits = _read_json(path / "fits.json", sw.notes)
-    if sw.fits is None and not (path / "fits.json").exists():
-        sw.notes.append("no fits.json")
+        sw.notes.append(f"no {table}")
+    sw.fits = _read_json(path / summary, sw.notes)
+    if sw.fits is None and not (path / summary).exists():
+        sw.notes.append(f"no {summary}")
     for p in sorted(path.glob("*.png"), key=lambda p: (p.name != "scaling.png", p.name)):
         sw.pngs[p.name] = p.read_bytes()
     if not sw.pngs:
         sw.notes.append("no scaling.png")
-    if (path / "sweep.toml").exists():
-        sw.sweep_toml = (path / "sweep.toml").read_text()
+    if (path / config).exists():
+        sw.sweep_toml = (path / config).read_text()
     if (path / "runs").is_dir():
         # not the runs a re-run with another config moved aside (runs/NAME.old-<time>): not this sweep's
         sw.runs = sorted(str(p) for p in (path / "runs").iterdir()
@@ -270,7 +281,8 @@ def load_inputs(paths: list[str | Path]) -> tuple[list[RunData], list[SweepData]
             sweeps.append(load_sweep(path, name))
         else:
             raise ReportError(f"{path}: neither a run folder (none of {', '.join(RUN_FILES)}) nor a "
-                              f"sweep folder (none of {', '.join(SWEEP_FILES)})")
+                              f"study folder (none of {', '.join(SWEEP_FILES)}, nor an iso-FLOP or ablation "
+                              "study's isoflop.json / ablation.json)")
     return runs, sweeps
 
 
