@@ -166,7 +166,7 @@ def test_the_swap_phase_of_an_online_run_carries_its_config(tmp_path: Path) -> N
 
 def test_a_cell_with_no_answered_request_is_null_in_json_and_dashes_in_the_table() -> None:
     cell = serve_bench.summarize("eager", 2, 1, [], 8, 1.0, ["400 feature 'user_id' takes one integer id"])
-    clean = serve_bench._no_nan({"cells": [serve_bench.asdict(cell)]})
+    clean = serve_bench.json_safe({"cells": [serve_bench.asdict(cell)]})
     assert clean["cells"][0]["p50_ms"] is None
     json.loads(json.dumps(clean), parse_constant=lambda c: pytest.fail(f"{c} in the JSON"))
     assert serve_bench._row(cell).split()[-3:] == ["-", "-", "-"]

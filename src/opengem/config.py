@@ -207,10 +207,11 @@ def flatten_dict(d: dict[str, Any], sep: str = ".", prefix: str = "") -> dict[st
     return out
 
 
-def nonfinite_floats(cfg: Any, prefix: str = "") -> list[str]:
-    """``key = value`` of every NaN or infinite float in a (nested) config dataclass, lists included: a NaN
-    passes every ``<`` / ``>`` check as false, so range checks alone let it through to the first step."""
-    out: list[str] = []
+def nonfinite_floats(cfg: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    """(key, value) of every field holding a NaN or infinite float in a (nested) config dataclass, lists
+    included: a NaN passes every ``<`` / ``>`` check as false, so range checks alone let it through to the
+    first step."""
+    out: list[tuple[str, Any]] = []
     for f in dataclasses.fields(cfg):
         v = getattr(cfg, f.name)
         key = f"{prefix}{f.name}"
@@ -220,5 +221,13 @@ def nonfinite_floats(cfg: Any, prefix: str = "") -> list[str]:
         flat = [x for row in v for x in (row if isinstance(row, (list, tuple)) else [row])] \
             if isinstance(v, (list, tuple)) else [v]
         if any(isinstance(x, float) and not math.isfinite(x) for x in flat):
-            out.append(f"{key} = {v!r}")
+            out.append((key, v))
     return out
+
+
+def require_finite(*parts: tuple[Any, str]) -> None:
+    """ConfigError ``key = value: must be a finite number`` for the first non-finite float of the (config,
+    key prefix) ``parts``, in order."""
+    for cfg, prefix in parts:
+        for key, value in nonfinite_floats(cfg, prefix)[:1]:
+            raise ConfigError(f"{key} = {value!r}: must be a finite number")

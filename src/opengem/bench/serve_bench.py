@@ -38,6 +38,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from opengem.bench.isoflop_report import json_safe
 from opengem.bench.load_client import run_load
 from opengem.bench.machine import load_average
 from opengem.data.adapters.common import AdapterError
@@ -762,7 +763,7 @@ def run_serve(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else (model / "serve_bench.json" if (model / "config.toml").is_file()
                                            else Path("serve_bench.json"))
     out.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(_no_nan(result), indent=2)  # a cell with no answered request has no latency: null
+    text = json.dumps(json_safe(result), indent=2)  # a cell with no answered request has no latency: null
     out.write_text(text)
     print(text if args.json else format_table(result))
     print(f"wrote {out}", file=sys.stderr)
@@ -774,13 +775,3 @@ def run_serve(args: argparse.Namespace) -> int:
                          f"(results in {out})")
     return 0
 
-
-def _no_nan(x: Any) -> Any:
-    """``x`` with every NaN float as None (JSON has no NaN: strict parsers refuse the file)."""
-    if isinstance(x, float):
-        return None if x != x else x
-    if isinstance(x, dict):
-        return {k: _no_nan(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_no_nan(v) for v in x]
-    return x

@@ -190,6 +190,11 @@ def _staging_prefix(dest: Path, kind: str) -> str:
 def _alive(host: str, pid: int) -> bool:
     if host != socket.gethostname():
         return True  # another machine's write: not ours to judge
+    return pid_alive(pid)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` of this machine is running (someone else's counts: alive)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

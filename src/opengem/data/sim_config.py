@@ -7,12 +7,11 @@ configs, docs) does not import the generator.
 from __future__ import annotations
 
 import io
-import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from functools import cache
 from typing import Any
 
-from opengem.config import ConfigError
+from opengem.config import ConfigError, nonfinite_floats
 from opengem.config import from_dict as config_from_dict
 from opengem.data.match_features import MatchFeature
 from opengem.data.schema import (
@@ -118,9 +117,8 @@ class SimConfig:
                 name = f"{where}.{key}" if where else key
                 raise SimConfigError(f"{name}: {msg} (got {getattr(self, key)!r})")
 
-        for f in fields(self):  # NaN passes every comparison below as false, inf some of them
-            value = getattr(self, f.name)
-            need(not isinstance(value, float) or math.isfinite(value), f.name, "must be a finite number")
+        for key, _ in nonfinite_floats(self)[:1]:  # NaN passes every comparison below as false, inf some
+            need(False, key, "must be a finite number")
         need(self.rows > 0, "rows", "must be > 0")
         need(self.match_recent >= 0, "match_recent", "must be >= 0 (0: no match features)")
         need(self.days > 0, "days", "must be > 0")

@@ -349,10 +349,11 @@ def load_run(spec: str | Path) -> LoadedRun:
         trained_through: int | None = None
     else:
         try:  # this version's manifest only: another version's damaged one must not block it
-            trained_through = read_version(run, version).trained_through_ts
-            cfg_path, ckpt_path = version_files(run, version)
+            v = read_version(run, version)
+            cfg_path, ckpt_path = version_files(v)
         except VersionError as e:
             raise ArtifactError(f"{spec}: {e}") from None
+        trained_through = v.trained_through_ts
     cfg = load_run_config(cfg_path)
     data_path = Path(cfg.data.path)
     schema = Dataset(data_path).schema

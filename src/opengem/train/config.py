@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from opengem.config import ConfigError, load_config, nonfinite_floats
+from opengem.config import ConfigError, load_config, require_finite
 from opengem.data.splits import spec_tokens
 from opengem.errors import DatasetError
 from opengem.model.registry import ModelConfig
@@ -133,9 +133,7 @@ class RunConfig:
             if not ok:
                 raise ConfigError(f"{key}: {msg} (got {value!r})")
 
-        bad = nonfinite_floats(t, "train.")  # NaN passes every range check below as false
-        if bad:
-            raise ConfigError(f"{bad[0]}: must be a finite number")
+        require_finite((t, "train."))  # NaN passes every range check below as false
         need(t.sparse_eps > 0, "train.sparse_eps", "must be > 0", t.sparse_eps)
         need(t.dist_timeout_s <= 10**9, "train.dist_timeout_s", "must be <= 1e9 seconds", t.dist_timeout_s)
         need(t.device in DEVICES, "train.device", f"must be one of {', '.join(DEVICES)}", t.device)

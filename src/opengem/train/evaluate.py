@@ -40,7 +40,14 @@ from opengem.train.data import make_loader
 from opengem.train.distributed import gather_objects, lockstep, process_group, world_size
 from opengem.train.env import cpu_threads, resolve_device
 from opengem.train.parallelize import build_run_model
-from opengem.train.published import VERSIONS, VersionError, list_versions, split_version, version_files
+from opengem.train.published import (
+    VERSIONS,
+    VersionError,
+    list_versions,
+    read_version,
+    split_version,
+    version_files,
+)
 from opengem.train.run_dir import CONFIG_FILE, checkpoint_run_id
 from opengem.train.step import task_weights
 
@@ -217,7 +224,7 @@ def open_run(run_dir: str | Path, data_dir: str | Path | None = None, device: st
     best = False
     if version is not None:
         try:  # this version's manifest only: another version's damaged one must not block it
-            cfg_path, path = version_files(run_dir, version)
+            cfg_path, path = version_files(read_version(run_dir, version))
         except VersionError as e:
             known = _published(run_dir)
             raise RunNotFoundError(f"{run_dir}@{version}: {e}" + (

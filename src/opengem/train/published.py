@@ -143,12 +143,13 @@ def split_version(spec: str | Path) -> tuple[Path, int | None]:
     return Path(base), int(found.group(1))
 
 
-def version_files(run: str | Path, version: int) -> tuple[Path, Path]:
-    """(config.toml, checkpoint) of one published version: the version's own config where it is a run
-    folder (batch-trained versions), else the run's (online versions are checkpoints of the run's model)."""
-    v = read_version(run, version)
+def version_files(v: FMVersion) -> tuple[Path, Path]:
+    """(config.toml, checkpoint) of a version: the version folder's own config where it is a run folder
+    (batch-trained versions), else the run's two levels up (an online version is a checkpoint of the run's
+    model, RUN/versions/vNNNN; so is a batch-trained run's own checkpoint read as version 0,
+    RUN/checkpoints/NAME)."""
     config = v.path / "config.toml"
     if not config.exists():
-        config = Path(run) / "config.toml"
+        config = v.path.parent.parent / "config.toml"
     checkpoint = v.path if (v.path / ".metadata").exists() else ckpt.latest_checkpoint(v.path)
     return config, checkpoint

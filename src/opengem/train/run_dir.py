@@ -189,6 +189,15 @@ def holds_run(run_dir: str | Path) -> bool:
     return any((run_dir / name).exists() for name in RUN_OUTPUTS)
 
 
+def check_run_folder(run_dir: Path) -> None:
+    """Refuse an --out that is a file, or a dataset (it would be written into)."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UsageError(f"{run_dir}: --out is a file, not a folder; choose a folder for the run")
+    if (run_dir / "schema.toml").exists() and not holds_run(run_dir):
+        raise UsageError(f"{run_dir}: this is a dataset folder (it has schema.toml), not a run folder; "
+                         "pass it as --data and choose another --out")
+
+
 @contextlib.contextmanager
 def claim(run_dir: str | Path, *, resume: bool = False, force: bool = False,
           data_dir: str | Path | None = None) -> Iterator[RunClaim]:
@@ -200,11 +209,7 @@ def claim(run_dir: str | Path, *, resume: bool = False, force: bool = False,
     run_dir = Path(run_dir)
     if resume and force:
         raise UsageError("--resume continues the run in the folder and --force moves it aside: give one")
-    if run_dir.exists() and not run_dir.is_dir():
-        raise UsageError(f"{run_dir}: --out is a file, not a folder; choose a folder for the run")
-    if (run_dir / "schema.toml").exists() and not holds_run(run_dir):
-        raise UsageError(f"{run_dir}: this is a dataset folder (it has schema.toml), not a run folder; "
-                         "pass it as --data and choose another --out")
+    check_run_folder(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     lock = RunLock(run_dir).acquire()  # before looking inside: a run starting now cannot slip in between
     try:

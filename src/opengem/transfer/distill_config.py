@@ -18,7 +18,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from opengem.config import ConfigError, load_config, nonfinite_floats
+from opengem.config import ConfigError, load_config, require_finite
 from opengem.data.schema import read_toml
 from opengem.train.config import DataConfig, RunConfig, TrainConfig
 from opengem.transfer.adapter import AdapterConfig
@@ -70,9 +70,7 @@ class DistillConfig:
     def validate(self) -> None:
         """Refuse a switch combination that cannot work, naming the key (before anything is trained)."""
         d = self.distill
-        bad = nonfinite_floats(d, "distill.") + nonfinite_floats(self.vm, "vm.")
-        if bad:
-            raise ConfigError(f"{bad[0]}: must be a finite number")
+        require_finite((d, "distill."), (self.vm, "vm."))
         if d.aux_grad_scale < 0 or d.aux_label_scale < 0:
             raise ConfigError("distill.aux_grad_scale / distill.aux_label_scale: must be >= 0")
         if d.student_adapter.enabled and (d.student_adapter.steps < 1 or d.student_adapter.lr <= 0):

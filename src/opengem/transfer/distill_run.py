@@ -121,11 +121,7 @@ def check_out_folder(out: Path, src: Sources) -> None:
     """Refuse, before anything is written, an --out that is a file or a dataset, or that holds the inputs:
     distill writes ``OUT/data`` (the VM's rows, schema.toml first) and ``OUT/knowledge``, and rebuilds them
     after a failed start, so a --data or --knowledge inside --out would be overwritten."""
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"{out}: --out is a file, not a folder; choose a folder for the run")
-    if (out / "schema.toml").exists() and not rundir.holds_run(out):
-        raise UsageError(f"{out}: this is a dataset folder (it has schema.toml), not a run folder; pass it "
-                         "as --data and choose another --out")
+    rundir.check_run_folder(out)
     for flag, path in (("--data", src.data), ("--knowledge", src.knowledge)):
         if path and Path(path).resolve().is_relative_to(out.resolve()):
             raise UsageError(f"{flag} {path}: lies inside --out {out}, whose data/ and knowledge/ distill "

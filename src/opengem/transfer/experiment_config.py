@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from opengem.config import ConfigError, load_config, nonfinite_floats
+from opengem.config import ConfigError, load_config, require_finite
 from opengem.model.registry import ModelConfig
 from opengem.train.config import RunConfig, TrainConfig
 from opengem.transfer.adapter import AdapterConfig
@@ -149,9 +149,7 @@ class ExperimentConfig:
             raise ConfigError("arms: 'baseline' and 'kd' are required (TR and R are relative to them)")
         if not self.kd.grid or any(len(g) not in (2, 3) for g in self.kd.grid):
             raise ConfigError("kd.grid: a list of [weight, temperature] or [weight, temperature, mse]")
-        bad = nonfinite_floats(self)
-        if bad:
-            raise ConfigError(f"{bad[0]}: must be a finite number")
+        require_finite((self, ""))
         if any(g[0] < 0 or g[1] <= 0 or (len(g) == 3 and g[2] < 0) for g in self.kd.grid):
             raise ConfigError(f"kd.grid: weights >= 0 and temperatures > 0, got {self.kd.grid}")
         if self.bootstrap < 1:

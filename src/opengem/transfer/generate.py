@@ -45,6 +45,7 @@ from opengem.data.commit import (
     atomic_write_text,
     clear_marker,
     fsync_file,
+    pid_alive,
     read_marker,
     write_marker,
 )
@@ -57,6 +58,7 @@ from opengem.train.config import load_run_config
 from opengem.train.distributed import process_group
 from opengem.train.env import cpu_threads, resolve_device
 from opengem.train.parallelize import build_run_model
+from opengem.train.published import version_files
 from opengem.transfer.fm_runs import fm_versions
 from opengem.transfer.versions import (
     VERSIONS,
@@ -97,14 +99,8 @@ def _remove_dead_writes(out: Path) -> None:
     """Temporary parts of a generate that was killed (kill -9 leaves them): its process is gone."""
     for tmp in out.glob(".*.parquet.tmp-*"):
         pid = tmp.name.rsplit("-", 1)[-1]
-        if not pid.isdigit():
-            continue
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
+        if pid.isdigit() and not pid_alive(int(pid)):
             tmp.unlink(missing_ok=True)
-        except PermissionError:
-            pass  # alive, someone else's
 
 
 def part_files(out: Path) -> list[Path]:
@@ -171,15 +167,12 @@ def _load_version(v: FMVersion, schema: Any, device: torch.device, pg: Any) -> t
     config.toml + checkpoints/) and the online trainer's (the version folder *is* the checkpoint and the
     run's config.toml sits two levels up, RUN/config.toml)."""
 
-    cfg_path = v.path / "config.toml"
-    if not cfg_path.exists():
-        cfg_path = v.path.parent.parent / "config.toml"
+    cfg_path, path = version_files(v)
     if not cfg_path.exists():
         raise FileNotFoundError(f"{v.path}: no config.toml in the version folder or its run folder")
     cfg = load_run_config(cfg_path)
     with torch.enable_grad():  # in-backward optimizers are attached through autograd, even for inference
         model = build_run_model(schema, cfg, device, pg).model
-    path = v.path if (v.path / ".metadata").exists() else ckpt.latest_checkpoint(v.path)
     ckpt.load_model(model, path)
     if v.version == 0 and cfg_path.parent == v.path.parent.parent:
         # a batch-trained run's own checkpoint: its calibration (opengem calibrate), fitted on that
