@@ -61,6 +61,8 @@ def test_only_ops_with_a_fused_twin_accept_it():
     assert resolve_kernel("fused", (Kernel.PYTORCH, Kernel.FUSED)) is Kernel.FUSED
     q = rand(2, 1, 3, 4, seed=9)
     with pytest.raises(ValueError, match="kernel 'fused' is not one of: pytorch$"):
+        attention.safe_key_mask(q[:, 0, 0] > 0, kernel="fused")
+    with pytest.raises(ValueError, match="kernel 'fused' is not one of: pytorch, cpp$"):
         attention.masked_attention(q, q, q, None, kernel="fused")
 
 

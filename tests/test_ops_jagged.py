@@ -251,7 +251,9 @@ def _public_ops() -> dict[str, object]:
 
 
 def test_every_public_op_takes_kernel_and_dispatches_or_raises():
-    ops = {k: v for k, v in _public_ops().items() if k != "attention.flop_formulas"}
+    # not ops: the FLOP formulas, and whether the C++ core takes a call (tests/test_ops_cpp_attention.py)
+    ops = {k: v for k, v in _public_ops().items()
+           if k not in ("attention.flop_formulas", "attention.cpp_attention_supports")}
     args = _sample_args()
     assert set(ops) == set(args), "every public op needs a sample call here"
     for name, fn in ops.items():
@@ -262,7 +264,8 @@ def test_every_public_op_takes_kernel_and_dispatches_or_raises():
         b = fn(*args[name], kernel=Kernel.PYTORCH)
         for x, y in zip(a if isinstance(a, tuple) else (a,), b if isinstance(b, tuple) else (b,)):
             assert torch.equal(x, y), name
-        for bad in ("compiled", "PyTorch", "", *(() if name in TRITON_TWINS else ("triton",))):
+        for bad in ("compiled", "PyTorch", "", *(() if name in TRITON_TWINS else ("triton",)),
+                    *(() if name in CPP_TWINS else ("cpp",))):
             with pytest.raises(ValueError, match=r"kernel .* is not one of: pytorch"):
                 fn(*args[name], kernel=bad)
         if name in TRITON_TWINS:  # runs in Triton's interpreter here (tests/test_ops_triton.py checks it)
@@ -273,12 +276,13 @@ def test_every_public_op_takes_kernel_and_dispatches_or_raises():
             for x, y in zip(a if isinstance(a, tuple) else (a,), c if isinstance(c, tuple) else (c,)):
                 torch.testing.assert_close(y, x, atol=1e-5, rtol=1e-4)
         else:  # no silent fallback to the reference
-            with pytest.raises(ValueError, match=r"kernel 'fused' is not one of: pytorch(, triton)?$"):
+            with pytest.raises(ValueError, match=r"kernel 'fused' is not one of: pytorch(, triton|, cpp)?$"):
                 fn(*args[name], kernel="fused")
 
 
 FUSED_TWINS = {"attention.rope", "attention.rope_positions", "attention.rotate"}
 TRITON_TWINS = {"attention.jagged_attention"}
+CPP_TWINS = {"attention.masked_attention", "attention.pooled_attention"}
 
 
 def test_resolve_kernel():

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from opengem.ops.attention import (
+    cpp_attention_supports,
     masked_attention,
     pooled_attention,
     rope,
@@ -71,7 +72,9 @@ class MultiHeadAttention(nn.Module):
 
     ``kernel`` (see :func:`use_kernel`): the reference splits heads with strided views and rotates them;
     the fused path rotates q and k in the projection's own contiguous [B, L, H, dh] layout (RoPE acts on
-    the last dim, so the result is the same) and only then views them head-major.
+    the last dim, so the result is the same) and only then views them head-major, and runs the attention
+    core in the C++ kernel wherever it takes the call (:func:`cpp_attention_supports`: eager, CPU, up to
+    64 keys, built), else in SDPA.
     """
 
     def __init__(self, d: int, num_heads: int = 1, use_rope: bool = False, rope_base: float = 1e4) -> None:
@@ -142,6 +145,10 @@ class MultiHeadAttention(nn.Module):
                     for t, pos in ((q, q_pos), (k, k_pos)))
         return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
+    def _core(self, q: torch.Tensor, k: torch.Tensor) -> Kernel:
+        """The attention core for this call: the C++ kernel on the fused path where it takes it, else SDPA."""
+        return Kernel.CPP if self.kernel is Kernel.FUSED and cpp_attention_supports(q, k) else Kernel.PYTORCH
+
     def _merge(self, o: torch.Tensor) -> torch.Tensor:
         B, _, Lq, _ = o.shape
         return self.out(o.transpose(1, 2).reshape(B, Lq, self.d))
@@ -155,7 +162,7 @@ class MultiHeadAttention(nn.Module):
         k_pos: torch.Tensor | None = None,
     ) -> torch.Tensor:
         q, k, v = self._heads(query, keys, q_pos, k_pos)
-        return self._merge(masked_attention(q, k, v, key_mask))
+        return self._merge(masked_attention(q, k, v, key_mask, kernel=self._core(q, k)))
 
     def flops(self, lq: int, lk: int) -> int:
         d = self.d
@@ -180,7 +187,7 @@ class PooledAttention(MultiHeadAttention):
         self, queries: torch.Tensor, keys: torch.Tensor, key_mask: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         q, k, v = self._heads(queries, keys)
-        o, valid = pooled_attention(q, k, v, key_mask)
+        o, valid = pooled_attention(q, k, v, key_mask, kernel=self._core(q, k))
         return self._merge(o), valid
 
 

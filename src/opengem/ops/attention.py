@@ -4,9 +4,11 @@ The math every GEM block shares (the long-sequence encoder, InterFormer's Sequen
 cross-layer attention), without parameters: projections stay in the model's modules. Shapes follow SDPA:
 q [B, H, Lq, dh], k and v [B, H, Lk, dh], key masks [B, Lk] bool (True = real key). Every op takes
 ``kernel`` (see :mod:`opengem.ops.kernel`): ``"pytorch"`` runs :mod:`opengem.ops.pytorch.pt_attention` (the
-reference, SDPA); the RoPE ops also have ``"fused"`` (:mod:`opengem.ops.fused.fused_attention`) and
-:func:`jagged_attention` has ``"triton"`` (a GPU flash kernel over packed rows). The padded attention cores
-have no fused twin: SDPA's CPU flash kernel was the fastest measured at GEM's shapes.
+reference, SDPA); the RoPE ops also have ``"fused"`` (:mod:`opengem.ops.fused.fused_attention`),
+:func:`jagged_attention` has ``"triton"`` (a GPU flash kernel over packed rows), and the padded attention
+cores have ``"cpp"`` (:mod:`opengem.ops.cpp.cpp_attention`: a C++ CPU kernel for GEM's many short key sets,
+1.5-3.8x SDPA's CPU flash kernel there; eager only, up to 64 keys). Written-out PyTorch forms of the core
+were measured slower than SDPA in GEM's step in five sessions, so it has no fused twin.
 
 FLOPs: :func:`flop_formulas` returns the FlopCounterMode formulas for kernels torch does not count;
 ``opengem.model.flops.flop_counter`` passes them as ``custom_mapping``. Nothing here touches torch's global
@@ -20,8 +22,9 @@ from typing import Any
 
 import torch
 
+from opengem.ops.cpp import cpp_attention
 from opengem.ops.fused import fused_attention
-from opengem.ops.kernel import WITH_FUSED, WITH_TRITON, Kernel, resolve_kernel
+from opengem.ops.kernel import WITH_CPP, WITH_FUSED, WITH_TRITON, Kernel, resolve_kernel
 from opengem.ops.pytorch import pt_attention, pt_jagged
 from opengem.ops.triton import kernels as triton_kernels
 
@@ -86,10 +89,18 @@ def masked_attention(
     """softmax(q kᵀ / √dh) v per head over right-padded keys; masked keys get no weight. -> [B, H, Lq, dh].
 
     A row whose keys are all masked attends to its first slot only (see :func:`safe_key_mask`): callers
-    zero padded slots, so such a row's output is a constant, never NaN.
+    zero padded slots, so such a row's output is a constant, never NaN. ``"cpp"`` takes what
+    :func:`cpp_attention_supports` accepts and returns a head-major view of token-major memory.
     """
-    resolve_kernel(kernel)
+    if resolve_kernel(kernel, WITH_CPP) is Kernel.CPP:
+        return cpp_attention.masked_attention(q, k, v, key_mask)
     return pt_attention.masked_attention(q, k, v, key_mask)
+
+
+def cpp_attention_supports(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """Whether the ``"cpp"`` attention core runs these q, k here (CPU, fp32/bf16, 1-64 keys, eager, built):
+    for a model that picks its core per call."""
+    return cpp_attention.supports(q, k)
 
 
 def jagged_attention(
@@ -127,12 +138,13 @@ def pooled_attention(
     """M per-row queries (target-keyed or learned seeds) pool N keys: O(M·N) -> ([B, H, M, dh], valid [B, M]).
 
     ``valid[b]`` is True where row b has at least one real key: a pooled token of an empty history is a
-    constant and is masked out downstream.
+    constant and is masked out downstream. ``kernel`` picks the attention core, as :func:`masked_attention`.
     """
-    resolve_kernel(kernel)
-    return pt_attention.pooled_attention(q, k, v, key_mask)
+    which = resolve_kernel(kernel, WITH_CPP)
+    core = cpp_attention.masked_attention if which is Kernel.CPP else pt_attention.masked_attention
+    return pt_attention.pooled_attention(q, k, v, key_mask, core)
 
 
 def flop_formulas() -> dict[Any, Callable[..., int]]:
     """Custom FlopCounterMode formulas (op -> formula) for the kernels these ops reach; a fresh dict."""
-    return pt_attention.flop_formulas()
+    return {**pt_attention.flop_formulas(), **cpp_attention.flop_formulas()}

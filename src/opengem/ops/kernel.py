@@ -3,7 +3,8 @@
 Each ``ops/<op>.py`` validates ``kernel`` here and dispatches to ``ops/pytorch/pt_<op>.py`` (the reference,
 plain PyTorch plus FBGEMM's jagged ops) or to a faster twin (``ops/fused/fused_<op>.py``: hand-fused PyTorch
 with fewer, contiguous ops; ``ops/triton/triton_<op>.py``: GPU kernels, checked on CPU in Triton's
-interpreter; or ``ops/onednn/onednn_<op>.py``: oneDNN's CPU matrix products). An op lists the kernels it
+interpreter; ``ops/onednn/onednn_<op>.py``: oneDNN's CPU matrix products; or ``ops/cpp/cpp_<op>.py``: C++
+CPU kernels compiled on first use). An op lists the kernels it
 really has (``supported``); naming any other is an error rather than a silent fallback to the reference, so
 a benchmark never measures the wrong kernel.
 """
@@ -25,6 +26,7 @@ class Kernel(StrEnum):
     FUSED = "fused"  # hand-fused PyTorch: contiguous layouts, no cat/fill_ churn, jagged where it pays
     TRITON = "triton"  # Triton kernels: CUDA tensors, or CPU tensors under TRITON_INTERPRET=1 (tests)
     ONEDNN = "onednn"  # oneDNN's fp32 CPU matrix products instead of the BLAS PyTorch links (ops/onednn/)
+    CPP = "cpp"  # C++ CPU kernels built on first use with torch.utils.cpp_extension (ops/cpp/)
 
 
 _BY_NAME: dict[str, Kernel] = {k.value: k for k in Kernel}
@@ -32,6 +34,7 @@ REFERENCE_ONLY: tuple[Kernel, ...] = (Kernel.PYTORCH,)
 WITH_FUSED: tuple[Kernel, ...] = (Kernel.PYTORCH, Kernel.FUSED)
 WITH_TRITON: tuple[Kernel, ...] = (Kernel.PYTORCH, Kernel.TRITON)
 WITH_FUSED_AND_TRITON: tuple[Kernel, ...] = (Kernel.PYTORCH, Kernel.FUSED, Kernel.TRITON)
+WITH_CPP: tuple[Kernel, ...] = (Kernel.PYTORCH, Kernel.CPP)
 
 
 def resolve_kernel(kernel: Kernel | str, supported: tuple[Kernel, ...] = REFERENCE_ONLY) -> Kernel:

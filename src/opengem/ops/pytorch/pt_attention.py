@@ -77,10 +77,12 @@ def jagged_attention(
 
 
 def pooled_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None,
+    core: Callable[..., torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`masked_attention` (or another ``core`` of the same contract) plus which rows had a real key."""
     B, _, M, _ = q.shape
-    out = masked_attention(q, k, v, key_mask)
+    out = (core or masked_attention)(q, k, v, key_mask)
     if key_mask is None:
         return out, torch.ones(B, M, dtype=torch.bool, device=q.device)
     return out, (key_mask.sum(1) > 0)[:, None].expand(B, M)
