@@ -158,6 +158,12 @@ def test_versions_trained_with_another_fm_config_are_not_reused(stream, tmp_path
     with pytest.raises(VersionError, match=r"v0001: published by an FM trained with another config "
                                            r"\(train.lr 0.003 -> 0.0001\)"):
         versions_mod.train_fm_versions(fm_cfg("train.lr=1e-4"), stream, tmp_path / "fm", parts[:3])
+    # how long a version trained is part of it (a resumed run may change it, a reused version may not): a
+    # re-run with another fm.train.epochs reused the old versions and recorded the new length
+    epochs = fm_cfg().train.epochs
+    with pytest.raises(VersionError, match=rf"\(train.epochs {epochs} -> {epochs + 1}\)"):
+        versions_mod.train_fm_versions(fm_cfg(f"train.epochs={epochs + 1}"), stream, tmp_path / "fm",
+                                       parts[:3])
 
 
 def test_an_experiment_stream_of_another_config_is_refused(tmp_path):

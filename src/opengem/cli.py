@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return _fail(prog, "interrupted (Ctrl-C)", EXIT_INTERRUPTED, debug)
     except OpengemError as e:
-        return _fail(prog, str(e) or type(e).__name__, e.exit_code, debug)
+        return _fail(prog, _message(e, cmds.get(command or "")), e.exit_code, debug)
     except Exception as e:  # the one place that decides how an error reaches the user
         message = user_error_message(e)
         if message is not None:
@@ -132,6 +132,16 @@ def main(argv: list[str] | None = None) -> int:
         if message is not None:
             return _fail(prog, f"checkpoint on rank {rank}: {message}", 1, debug)
         return _bug(prog, inner)
+
+
+def _message(e: OpengemError, command: tuple[str, str] | None) -> str:
+    """The error's message, with the command's own way to go on after an interrupted training where it
+    has one (``INTERRUPTED_ADVICE`` in its module: the commands without ``--resume``)."""
+    module = sys.modules.get(command[0]) if command else None
+    advice = getattr(module, "INTERRUPTED_ADVICE", None)
+    if advice and callable(getattr(e, "advising", None)):
+        return e.advising(advice)  # type: ignore[attr-defined]
+    return str(e) or type(e).__name__
 
 
 def _dispatch(argv: list[str], cmds: dict[str, tuple[str, str]], command: str | None) -> int:

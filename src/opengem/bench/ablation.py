@@ -53,7 +53,7 @@ from opengem.bench.isoflop_rule import nan_last, next_rate
 from opengem.bench.size_ladder import FamilySweep, selection_ne
 from opengem.bench.worker_process import publish_config, running_config, train_in_worker_process
 from opengem.config import ConfigError, load_config, save_config
-from opengem.errors import TrainError
+from opengem.errors import TrainError, UsageError
 
 _NAME = re.compile(r"^[A-Za-z0-9_.+-]+$")
 
@@ -118,8 +118,16 @@ class AblationConfig:
     proxies: list[ProxyVariant] = field(default_factory=list)
 
 
-def default_config_path(budget: str) -> Path:
-    """configs/ablation.toml for ``default``, configs/ablation-<budget>.toml otherwise."""
+BUDGETS = ("small", "default")  # the recipes in configs/ (the large study is the iso-FLOP one)
+
+
+def default_config_path(budget: str | None) -> Path:
+    """configs/ablation.toml for ``default`` (or None: --budget not given), configs/ablation-<budget>.toml
+    otherwise."""
+    budget = budget or "default"
+    if budget not in BUDGETS:
+        raise ConfigError(f"--budget {budget}: the ablation study has a {' and a '.join(BUDGETS)} budget "
+                          "(configs/ablation-small.toml, configs/ablation.toml); pass --config for another")
     name = "ablation.toml" if budget == "default" else f"ablation-{budget}.toml"
     for p in (REPO / "configs" / name, Path("configs") / name):
         if p.exists():
@@ -348,7 +356,7 @@ def train_job(cfg: AblationConfig, out: str | Path, data_dir: str | Path | None,
     variant = next((v for v in cfg.proxies if v.name == proxy), None)
     if proxy is not None and variant is None:
         raise ConfigError(f"proxy {proxy!r} is not in the study")
-    st = prepare_study(as_isoflop(cfg), out, data_dir, list(extra or []), log)
+    st = prepare_study(as_isoflop(cfg), out, data_dir, list(extra or []), log, study="ablation")
     steps = {r["name"]: r["steps"] for r in make_plan(cfg, st, timed=False)["configs"]}
     run_dir = out / "runs" / job_run_name(name, lr, seed, variant)
     rec, _ = train_and_test(_job_config(cfg, st, steps, name, lr, seed, variant), run_dir, st.test_spec,
@@ -386,7 +394,8 @@ def run_ablation(cfg: AblationConfig, out: str | Path, data_dir: str | Path | No
     out.mkdir(parents=True, exist_ok=True)
     save_config(cfg, running_config(out, "ablation.toml"))  # ablation.toml once the results are written
     t_start = time.perf_counter()
-    st = prepare_study(as_isoflop(cfg), out, data_dir, list(run_overrides or []), log, plan_only)
+    st = prepare_study(as_isoflop(cfg), out, data_dir, list(run_overrides or []), log, plan_only,
+                       study="ablation")
     plan = make_plan(cfg, st, timed=plan_only and time_plan)
     if plan_only:
         running_config(out, "ablation.toml").unlink()  # a plan writes no study
@@ -476,6 +485,9 @@ def run_ablation(cfg: AblationConfig, out: str | Path, data_dir: str | Path | No
 
 def run_cli(args: Any) -> int:
     """``opengem scale --design ablation [--budget small|default] [--config F] [--plan] [--set k=v ...]``."""
+    if args.families:  # the study's arms are GEM's components, not families: it would be ignored
+        raise UsageError("--families: an option of --design isoflop (the ablation study trains GEM's "
+                         "components and the proxies its --config names)")
     path = Path(args.config) if args.config else default_config_path(args.budget)
     cfg = load_ablation_config(path, args.sweep_overrides)
     out = Path(args.out or Path("runs/scale") / path.stem)

@@ -125,7 +125,9 @@ def one_seed_agreement(full: dict[str, list[float]], n: int, rng: np.random.Gene
     held = [(vals[:, s], np.delete(vals, s, axis=1).mean(axis=1)) for s in range(n_seeds)]
 
     def rho(pick: np.ndarray) -> float:
-        return float(np.nanmean([spearman(one[pick], rest[pick]) for one, rest in held]))
+        # a held-out seed whose ranking is all ties has no correlation (NaN); none left: NaN, said quietly
+        found = [r for r in (spearman(one[pick], rest[pick]) for one, rest in held) if r == r]
+        return float(np.mean(found)) if found else float("nan")
 
     point = rho(np.arange(len(names)))
     samples = [rho(rng.integers(0, len(names), size=len(names))) for _ in range(n)]

@@ -248,6 +248,7 @@ def plan_grid(budgets: list[float], fwd_flops: dict[str, list[int]], batch_size:
     run that would get fewer than ``min_steps`` steps or read the training rows more than ``max_epochs``
     times."""
     plan, bad = [], []
+    fixes: set[str] = set()
     for b, c in enumerate(budgets):
         for fam, ladder in fwd_flops.items():
             for i, fwd in enumerate(ladder):
@@ -255,14 +256,18 @@ def plan_grid(budgets: list[float], fwd_flops: dict[str, list[int]], batch_size:
                 run = PlannedRun(fam, i, b, float(c), int(fwd), steps, ex, 3.0 * fwd * ex, ex / train_rows)
                 if steps < min_steps:
                     bad.append(f"{fam} size {i} at C={c:.3g}: {steps} steps < min_steps {min_steps}")
+                    fixes.add("raise the smallest budgets or shrink the batch (steps = budget / (3 x FLOPs "
+                              "per example x batch), whatever the rows), or lower min_steps")
                 if run.epochs > max_epochs + 1e-9:
                     bad.append(f"{fam} size {i} at C={c:.3g}: {ex} rows = {run.epochs:.2f} passes over "
                                f"the {train_rows} training rows > max_epochs {max_epochs}")
+                    fixes.add("give it more training rows (data.sim.rows, or a bigger --data), lower the "
+                              "largest budgets, or raise max_epochs")
                 plan.append(run)
     if bad:
         more = f"; and {len(bad) - 4} more" if len(bad) > 4 else ""
-        raise ConfigError("isoflop plan: " + "; ".join(bad[:4]) + more + " (raise data.sim.rows, or move the "
-                          "budgets or the sizes closer together)")
+        raise ConfigError("isoflop plan: " + "; ".join(bad[:4]) + more + " (" + "; ".join(sorted(fixes))
+                          + ")")
     return plan
 
 
@@ -546,7 +551,7 @@ def _fit_calibration(tr: Any, run_dir: Path, method: str, logits: Any) -> Any:
 
 
 def prepare_study(cfg: IsoflopConfig, out: Path, data_dir: str | Path | None, extra: list[str],
-                  log: Callable[[str], None], plan_only: bool = False) -> Study:
+                  log: Callable[[str], None], plan_only: bool = False, study: str = "isoflop") -> Study:
     """Simulate the stream once (or take ``data_dir``), split it, resolve every size and count its FLOPs.
 
     ``plan_only`` with the simulator: a sample of a few thousand rows per day (same config otherwise, so
@@ -575,7 +580,7 @@ def prepare_study(cfg: IsoflopConfig, out: Path, data_dir: str | Path | None, ex
     ds = Dataset(data)
     train, valid, test = study_splits(ds)
     rows = planned_rows or sum(pq.ParquetFile(f).metadata.num_rows for f in ds.files(train))
-    log(f"isoflop: data {data} ({rows} training rows; train {train}, validation {valid}, test {test}) "
+    log(f"{study}: data {data} ({rows} training rows; train {train}, validation {valid}, test {test}) "
         f"ready in {time.perf_counter() - t0:.1f}s")
     st = Study(cfg, out, data, train, valid, test, rows, extra)
     if cfg.train_window in LATEST_DAY_WINDOWS:

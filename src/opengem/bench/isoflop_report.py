@@ -62,6 +62,27 @@ def efficiency_ratio(base: PowerLaw | None, target_ne: float, c: float) -> float
     return base.inverse(target_ne) / c
 
 
+def lr_rule(cfg: Any) -> str:
+    """How the study chose each family's learning rate, in words (the report's "learning rate:" line)."""
+    each = cfg.lr_budgets == "each"
+    seeds = "seed 0" if cfg.lr_seeds == 1 else f"seeds 0-{cfg.lr_seeds - 1}"
+    if not cfg.lr_grid:
+        rule = "each family's recipe rate (lr_grid = [], nothing searched)"
+    elif cfg.lr_sizes == "each":
+        rule = (f"grid {cfg.lr_grid} at {'every' if each else 'the smallest'} budget on every ladder rung, "
+                f"{seeds}, lowest mean validation NE; each size trains at its own rate"
+                + ("" if each else " at every budget"))
+    elif each:
+        rule = (f"grid {cfg.lr_grid} at every budget on ladder rung {cfg.lr_size}, {seeds}, lowest mean "
+                "validation NE; each budget's rate at every size of the family there")
+    else:
+        rule = (f"grid {cfg.lr_grid} at the smallest budget on ladder rung {cfg.lr_size}, {seeds}, "
+                "lowest mean validation NE; reused at every budget and size of the family")
+    if cfg.lr_extend and cfg.lr_grid:
+        rule += f"; while the best is the grid's edge, up to {cfg.lr_extend} rates beyond it, one at a time"
+    return rule
+
+
 def summarize_study(cfg: Any, st: Any, records: list[dict[str, Any]], lr_choice: dict[str, list[Any]],
                     lr_grid: dict[str, list[dict[str, float]]], lr_check: dict[str, dict[str, float]],
                     best: dict[str, list[int]], plan: list[Any],
@@ -133,20 +154,8 @@ def summarize_study(cfg: Any, st: Any, records: list[dict[str, Any]], lr_choice:
                    for fam, fr in frontier.items() if fam != ref} if ref in frontier else {}
     lr_transfer = {fam: (min(chk, key=lambda k: chk[k] if chk[k] == chk[k] else math.inf)
                          == format(lr_choice[fam][-1], "g")) for fam, chk in lr_check.items()}
+    rule = lr_rule(cfg)
     each = cfg.lr_budgets == "each"
-    seeds = "seed 0" if cfg.lr_seeds == 1 else f"seeds 0-{cfg.lr_seeds - 1}"
-    if cfg.lr_sizes == "each":
-        rule = (f"grid {cfg.lr_grid} at {'every' if each else 'the smallest'} budget on every ladder rung, "
-                f"{seeds}, lowest mean validation NE; each size trains at its own rate"
-                + ("" if each else " at every budget"))
-    elif each:
-        rule = (f"grid {cfg.lr_grid} at every budget on ladder rung {cfg.lr_size}, {seeds}, lowest mean "
-                "validation NE; each budget's rate at every size of the family there")
-    else:
-        rule = (f"grid {cfg.lr_grid} at the smallest budget on ladder rung {cfg.lr_size}, {seeds}, "
-                "lowest mean validation NE; reused at every budget and size of the family")
-    if cfg.lr_extend:
-        rule += f"; while the best is the grid's edge, up to {cfg.lr_extend} rates beyond it, one at a time"
     at_rate = "each size's own rate" if cfg.lr_sizes == "each" else "each budget's rate"
     size_rule = (f"lowest seed-0 validation NE at {at_rate}" if cfg.size_seeds == 1 else
                  f"the {cfg.size_finalists} sizes with the lowest seed-0 validation NE at {at_rate}, "

@@ -359,6 +359,12 @@ def format_result(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+# after Ctrl-C (opengem.cli): a re-run into the same --out reuses every finished run and trains the
+# interrupted one again from the start (its folder moved aside)
+INTERRUPTED_ADVICE = ("run the same command again to continue (finished runs are reused; the interrupted "
+                      "one trains again)")
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--design", choices=("sweep", "isoflop", "ablation"), default="sweep",
                    help="sweep: every size on the same rows (needs --config); isoflop: the compute-optimal "
@@ -368,7 +374,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "isoflop default: configs/isoflop[-<budget>].toml)")
     p.add_argument("--budget", choices=("small", "default", "large"), default=None,
                    help="isoflop and ablation: small (minutes, CPU), default (the default; ~70 min on 2 "
-                        "AVX-512 cores, ~110-125 on AVX2), large (one H200)")
+                        "AVX-512 cores, ~110-125 on AVX2), large (isoflop only: one H200)")
     p.add_argument("--families", default=None, help="isoflop: comma-separated subset, e.g. gem,dcnv2,dlrm")
     p.add_argument("--plan", action="store_true",
                    help="isoflop and ablation: print the rows each run gets and stop")
@@ -389,8 +395,9 @@ def run(args: argparse.Namespace) -> int:
     given = [flag for flag, value in (("--budget", args.budget), ("--families", args.families),
                                       ("--plan", args.plan)) if value]
     if given:  # the sweep would otherwise ignore them and train every run
-        raise UsageError(f"{', '.join(given)}: options of --design isoflop (and ablation); a sweep runs "
-                         "every family and size of its --config")
+        raise UsageError(f"{', '.join(given)}: options of the studies (--budget and --plan: --design isoflop "
+                         "or ablation; --families: isoflop); a sweep runs every family and size of its "
+                         "--config")
     if not args.config:
         raise UsageError("--design sweep needs --config (e.g. configs/scaling-tiny.toml)")
     sweep = load_sweep_config(args.config, args.sweep_overrides)

@@ -280,11 +280,13 @@ def _write_json(path: Path, obj: Any) -> None:
 
 
 # --------------------------------------------------------------------------- resume
-def config_changes(old: RunConfig, new: RunConfig, *, simulated: bool = True) -> dict[str, list[Any]]:
+def config_changes(old: RunConfig, new: RunConfig, *, simulated: bool = True,
+                   counted: frozenset[str] = frozenset()) -> dict[str, list[Any]]:
     """{key: [old, new]} for every setting that differs and that a resumed run may not change silently.
 
     ``data.sim.*`` counts only when the run trains on the embedded default (``simulated``: the data is
-    made from it); ``train.steps`` counts when the lr schedule decays over it.
+    made from it); ``train.steps`` counts when the lr schedule decays over it; ``counted`` keys count
+    even where a resumed run may change them (a finished artifact's training length).
     """
     a, b = flatten_dict(to_dict(old)), flatten_dict(to_dict(new))
     out: dict[str, list[Any]] = {}
@@ -292,14 +294,15 @@ def config_changes(old: RunConfig, new: RunConfig, *, simulated: bool = True) ->
         va, vb = a.get(key), b.get(key)
         if va == vb or (key.startswith("data.sim.") and not simulated):
             continue
-        if key in RESUMABLE_KEYS and not (key == "train.steps" and "none" not in (old.train.lr_decay,
-                                                                                  new.train.lr_decay)):
+        if key in RESUMABLE_KEYS and key not in counted and not (
+                key == "train.steps" and "none" not in (old.train.lr_decay, new.train.lr_decay)):
             continue
         out[key] = [va, vb]
     return out
 
 
-def saved_config_changes(run_dir: Path, new: RunConfig) -> dict[str, list[Any]]:
+def saved_config_changes(run_dir: Path, new: RunConfig, counted: frozenset[str] = frozenset()
+                         ) -> dict[str, list[Any]]:
     """:func:`config_changes` of ``new`` against RUN/config.toml ({} when there is none): what a run that
     continues RUN's checkpoints (``--resume``) or published versions (an online restart) may not change.
 
@@ -309,7 +312,7 @@ def saved_config_changes(run_dir: Path, new: RunConfig) -> dict[str, list[Any]]:
     if not saved.exists():
         return {}
     simulated = Path(new.data.path).resolve() == (run_dir / "data").resolve()
-    return config_changes(load_run_config(saved), new, simulated=simulated)
+    return config_changes(load_run_config(saved), new, simulated=simulated, counted=counted)
 
 
 def shown_changes(changes: dict[str, list[Any]]) -> str:

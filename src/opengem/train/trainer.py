@@ -56,6 +56,7 @@ from opengem.errors import OpengemError, TrainError
 from opengem.model.heads import MultiSurfaceHead
 from opengem.model.output import ModelOutput
 from opengem.model.registry import build_model
+from opengem.ops.triton import interpreting as triton_interpreting
 from opengem.train import checkpoint as ckpt
 from opengem.train import distributed
 from opengem.train import run_dir as rundir
@@ -82,14 +83,24 @@ __all__ = ["ExtraLosses", "RunInterrupted", "TrainError", "Trainer", "train"]
 ExtraLosses = Callable[[ModelOutput, Batch], dict[str, torch.Tensor]]
 
 
+RESUME_ADVICE = "run the same command with --resume to continue"
+
+
 class RunInterrupted(TrainError):
     """SIGINT/SIGTERM stopped the run after a step; the message says where it was saved and how to go on.
 
-    ``exit_code`` is the shell's for the signal (130 SIGINT, 143 SIGTERM)."""
+    ``exit_code`` is the shell's for the signal (130 SIGINT, 143 SIGTERM). The advice is ``train``'s and
+    ``distill``'s (``--resume``); a command that goes on by running it again says so (:meth:`advising`,
+    the command module's ``INTERRUPTED_ADVICE``, which the CLI applies)."""
 
-    def __init__(self, message: str, exit_code: int) -> None:
-        super().__init__(message)
+    def __init__(self, what: str, exit_code: int) -> None:
+        super().__init__(f"{what}; {RESUME_ADVICE}")
+        self.what = what
         self.exit_code = exit_code
+
+    def advising(self, advice: str) -> str:
+        """The message with another way to go on."""
+        return f"{self.what}; {advice}"
 
 
 NO_RUN = {"run_id": None, "checkpoint_run_id": None, "continuing": False, "moved_aside": None,
@@ -116,6 +127,7 @@ class Trainer:
         self.cfg, self.t = cfg, cfg.train
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.device = resolve_device(cfg.train.device)
+        check_kernel_device(cfg, self.device)
         self.compile_info = prepare_compile(cfg)  # before the resume check and the model: may pad sequences
         self.extra_losses = extra_losses
         self.warnings: list[str] = []  # printed and recorded (metrics.jsonl, train_summary.json)
@@ -626,10 +638,9 @@ class Trainer:
             except (OSError, ckpt.CheckpointError) as e:
                 raise RunInterrupted(
                     f"stopped by {name} at step {self.step}, but the checkpoint could not be saved "
-                    f"({type(e).__name__}: {e}); --resume continues from the newest one in "
-                    f"{self.run_dir / ckpt.CHECKPOINTS}", code) from None
-        raise RunInterrupted(f"stopped by {name} at step {self.step}: saved {path}; run the same command "
-                             "with --resume to continue", code)
+                    f"({type(e).__name__}: {e}); the newest one in {self.run_dir / ckpt.CHECKPOINTS} is "
+                    "kept", code) from None
+        raise RunInterrupted(f"stopped by {name} at step {self.step}: saved {path}", code)
 
     # ----------------------------------------------------------------------- life
     def close(self) -> None:
@@ -691,6 +702,17 @@ def train(cfg: RunConfig, run_dir: str | Path, data_dir: str | Path | None = Non
             if not isinstance(e, RunInterrupted):  # the run's own log says why it stopped (opengem report)
                 trainer.log.write({"kind": "error", "step": trainer.step, "error": str(e)}, trainer.step)
             raise
+
+
+def check_kernel_device(cfg: RunConfig, device: torch.device) -> None:
+    """``model.gem.kernel = "triton"`` on a run that trains on the CPU is a config error, said before the run
+    folder is claimed (it failed at the first forward, as an internal error, leaving a half-made run)."""
+    gem = getattr(cfg.model, "gem", None)
+    if (cfg.model.name == "gem" and getattr(gem, "kernel", None) == "triton" and device.type != "cuda"
+            and not triton_interpreting()):
+        raise ConfigError("model.gem.kernel = 'triton': the Triton kernels run on a CUDA device, and this "
+                          "run trains on the CPU; use 'fused' (the default) there (TRITON_INTERPRET=1 runs "
+                          "them in Triton's CPU interpreter: slow, for tests)")
 
 
 def ckpt_float(res: dict[str, Any], metric: str, key: str) -> float | None:

@@ -42,8 +42,10 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
+from opengem.errors import UsageError
 from opengem.train.distributed import process_group
 from opengem.train.env import cpu_threads, resolve_device
+from opengem.train.run_dir import RUN_FILE, check_run_folder, holds_run
 from opengem.transfer.aggregate import aggregate, calibration_table, select_rows
 from opengem.transfer.experiment_config import ALL_ARMS, ExperimentConfig, load_experiment_config
 from opengem.transfer.results import arms_table, fmt, staleness_plot, staleness_table
@@ -51,11 +53,25 @@ from opengem.transfer.seed_run import SeedRun
 from opengem.transfer.tuning import tune_on_validation
 from opengem.transfer.windows import version_for_window
 
+# after Ctrl-C (opengem.cli): a re-run into the same --out continues the interrupted training from its
+# checkpoint and reuses every published version and finished step before it
+INTERRUPTED_ADVICE = "run the same command again to continue (it resumes from there)"
+
+
+def check_transfer_folder(out: Path) -> None:
+    """An --out is a new folder or an earlier transfer's (re-runs reuse its work): a run folder or a dataset
+    is refused before anything is written into it (seed folders and transfer.json were added to either)."""
+    check_run_folder(out)
+    if holds_run(out) or (out / RUN_FILE).exists():
+        raise UsageError(f"{out}: this is a training run's folder, not a transfer experiment's; choose "
+                         "another --out")
+
 
 def run_experiment(cfg: ExperimentConfig, out: str | Path, log: Any = print) -> dict[str, Any]:
     warnings.filterwarnings("ignore", category=FutureWarning)
     cfg.validate()
     out = Path(out)
+    check_transfer_folder(out)
     out.mkdir(parents=True, exist_ok=True)
     dev = resolve_device(cfg.train.device)  # every VM of the experiment trains here
     arms = [a for a in ALL_ARMS if a in cfg.arms]

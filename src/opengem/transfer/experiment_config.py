@@ -142,6 +142,9 @@ class ExperimentConfig:
                               "do not read it (they train epochs_per_window per window, with no per-VM "
                               "evaluation or checkpoints); remove it (not read: "
                               f"{', '.join(VM_IGNORED_TRAIN_KEYS)})")
+        if not self.seeds:
+            raise ConfigError("seeds: at least one seed (each seed simulates its own stream and trains its "
+                              "own FM and VMs)")
         bad = [a for a in self.arms if a not in ALL_ARMS]
         if bad:
             raise ConfigError(f"arms: unknown {bad} (known: {ALL_ARMS})")

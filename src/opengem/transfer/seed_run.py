@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 
 from opengem.data.dataset import Dataset
-from opengem.model.registry import ModelConfig
+from opengem.model.registry import ModelConfig, build_model
 from opengem.transfer.adapter import StudentAdapter
 from opengem.transfer.experiment_config import ExperimentConfig
 from opengem.transfer.generate import _load_version, generate, read_side_table
@@ -49,6 +49,9 @@ class SeedRun:
         self.lags = lags
         self.vm_start = vm_start_window(cfg, lags, len(self.parts), str(self.data))
         self.surfaces = vm_surfaces(cfg, list(self.schema.surfaces))
+        # a VM recipe that does not fit the data (a feature it lacks) or cannot build (an unknown model, a
+        # size below its minimum) is said before the FM versions train, not after
+        build_model(derive_vm_schema(self.schema, cfg.vm.schema), cfg.vm.model, where="vm.model")
         # each VM surface's training windows (its own history length); ``windows`` is the longest of them,
         # the span the side tables are generated over (every surface's list is a suffix of it)
         self.surface_windows = {n: vm_train_windows(cfg, lags, self.parts, self.vm_start, n)

@@ -83,12 +83,18 @@ def _version_config(fm_cfg: Any, train_parts: list[str], eval_part: str) -> Any:
     return cfg
 
 
+# a published version is a finished training: how long it trained is part of what it is (a resumed run may
+# change these, a reused version may not)
+_TRAINING_LENGTH = frozenset({"train.epochs", "train.steps"})
+
+
 def _check_reused(vdir: Path, cfg: Any, data_dir: str | Path) -> None:
     """A published version is reused only when it was trained with the config it would be trained with now
-    (an experiment re-run into the same folder with another FM recipe kept the old versions, silently)."""
+    (an experiment re-run into the same folder with another FM recipe, or another training length, kept the
+    old versions, silently)."""
     want = copy.deepcopy(cfg)
     want.data.path = str(Path(data_dir).resolve())
-    changes = saved_config_changes(vdir, want)
+    changes = saved_config_changes(vdir, want, counted=_TRAINING_LENGTH)
     if changes:
         raise VersionError(f"{vdir}: published by an FM trained with another config "
                            f"({shown_changes(changes)}); the versions here are reused only as they were "

@@ -58,7 +58,7 @@ def derive_vm_schema(
     def check(kept: list[str], known: list[str], key: str) -> None:
         bad = [k for k in kept if k not in known]
         if bad:
-            raise ValueError(f"vm.schema.{key}: {bad} not in the FM schema {fm.name!r} (known: {known})")
+            raise ConfigError(f"vm.schema.{key}: {bad} not in the FM schema {fm.name!r} (known: {known})")
 
     check(cfg.sparse, fm.sparse_names, "sparse")
     check(cfg.dense, fm.dense_names, "dense")

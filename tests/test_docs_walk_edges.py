@@ -1,0 +1,129 @@
+"""What a new user walking docs/TRANSFER.md, SCALING.md and ARCHITECTURE.md ran into (session 56's hunt):
+VM recipes refused before the FM trains, the Triton kernel on a CPU run, what to do after Ctrl-C in the
+commands without --resume, the ablation study's budgets, the iso-FLOP plan's advice, a transfer --out that
+is a run folder."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from opengem import cli
+from opengem.bench import ablation, isoflop, isoflop_report, scale
+from opengem.bench.ablation_report import one_seed_agreement
+from opengem.config import ConfigError
+from opengem.errors import UsageError
+from opengem.train.trainer import RunInterrupted
+from opengem.transfer.experiment import check_transfer_folder
+from opengem.transfer.experiment_config import ExperimentConfig
+
+REPO = Path(__file__).resolve().parents[1]
+TINY_TRANSFER = str(REPO / "configs" / "transfer-tiny.toml")
+
+
+def _opengem(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "opengem.cli", *args], capture_output=True, text=True,
+                          cwd=cwd, timeout=600, env=env)
+
+
+@pytest.mark.parametrize("override,said", [
+    ('vm.schema.sparse=["nope"]', "vm.schema.sparse: ['nope'] not in the FM schema"),
+    ('vm.model.name="nope"', "vm.model.name: unknown model 'nope'"),
+])
+def test_a_vm_recipe_that_does_not_fit_is_refused_before_the_fm_trains(tmp_path, override, said):
+    out = tmp_path / "t"
+    r = _opengem("transfer", "--config", TINY_TRANSFER, "--out", str(out), override, cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert said in r.stderr and "Traceback" not in r.stderr and "internal error" not in r.stderr
+    assert not (out / "seed0" / "fm").exists()  # no FM version was trained first
+
+
+def test_no_seeds_is_named_as_such():
+    with pytest.raises(ConfigError, match="^seeds: at least one seed"):
+        ExperimentConfig(seeds=[]).validate()
+
+
+def test_transfer_refuses_an_out_that_is_a_training_run(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("")
+    with pytest.raises(UsageError, match="training run's folder, not a transfer experiment's"):
+        check_transfer_folder(run)
+    (tmp_path / "ds").mkdir()
+    (tmp_path / "ds" / "schema.toml").write_text("")
+    with pytest.raises(UsageError, match="dataset folder"):
+        check_transfer_folder(tmp_path / "ds")
+    earlier = tmp_path / "earlier"
+    (earlier / "seed0").mkdir(parents=True)
+    (earlier / "transfer.json").write_text("{}")
+    check_transfer_folder(earlier)  # an earlier experiment's folder: a re-run reuses its work
+    check_transfer_folder(tmp_path / "new")
+
+
+def test_the_triton_kernel_on_a_cpu_run_is_a_config_error_before_the_run_folder(tmp_path):
+    out = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # the tests run Triton interpreted
+    r = _opengem("train", "--config", str(REPO / "configs" / "tiny.toml"), "--out", str(out), "train.steps=2",
+                 'model.gem.kernel="triton"', "train.device=cpu", cwd=tmp_path, env=env)
+    assert r.returncode == 2, r.stderr
+    assert "model.gem.kernel = 'triton'" in r.stderr and "Traceback" not in r.stderr
+    assert not (out / "run.json").exists() and not (out / "config.toml").exists()
+
+
+def test_after_an_interrupt_each_command_says_its_own_way_to_go_on():
+    e = RunInterrupted("stopped by SIGINT at step 3: saved RUN/checkpoints/step-00000003", 130)
+    assert str(e).endswith("; run the same command with --resume to continue")  # train, distill
+    for command in ("transfer", "scale"):
+        __import__(cli.COMMANDS[command][0])  # the CLI has imported the command's module when it runs
+        said = cli._message(e, cli.COMMANDS[command])
+        assert said.startswith("stopped by SIGINT at step 3: saved") and "--resume" not in said
+        assert "run the same command again" in said
+    assert cli._message(e, cli.COMMANDS["train"]) == str(e)
+
+
+def test_the_ablation_study_budgets():
+    assert ablation.default_config_path(None).name == "ablation.toml"  # --budget not given: the default
+    assert ablation.default_config_path("small").name == "ablation-small.toml"
+    with pytest.raises(ConfigError, match="--budget large: the ablation study has a small and a default"):
+        ablation.default_config_path("large")
+    args = SimpleNamespace(families="gem", config=None, budget=None)
+    with pytest.raises(UsageError, match="--families: an option of --design isoflop"):
+        ablation.run_cli(args)
+
+
+def test_a_sweep_names_which_study_each_option_belongs_to():
+    args = SimpleNamespace(design="sweep", budget=None, families="gem", plan=False)
+    with pytest.raises(UsageError, match=r"--families: options of the studies .*--families: isoflop"):
+        scale.run(args)
+
+
+def test_the_iso_flop_plan_advises_what_moves_steps_and_what_moves_passes():
+    with pytest.raises(ConfigError) as few_steps:
+        isoflop.plan_grid([1e6], {"gem": [10_000]}, {"gem": 64}, train_rows=10**6, min_steps=5)
+    assert "raise the smallest budgets or shrink the batch" in str(few_steps.value)
+    assert "data.sim.rows" not in str(few_steps.value)  # rows do not change a run's steps
+    with pytest.raises(ConfigError) as passes:
+        isoflop.plan_grid([1e12], {"gem": [10_000]}, {"gem": 64}, train_rows=1000, min_steps=1)
+    assert "more training rows (data.sim.rows" in str(passes.value)
+
+
+def test_an_empty_rate_grid_is_reported_as_the_recipe_rate():
+    cfg = isoflop.load_isoflop_config(REPO / "configs" / "isoflop-small.toml", ["lr_grid=[]"])
+    assert isoflop_report.lr_rule(cfg) == "each family's recipe rate (lr_grid = [], nothing searched)"
+    searched = isoflop.load_isoflop_config(REPO / "configs" / "isoflop-small.toml")
+    assert isoflop_report.lr_rule(searched).startswith(f"grid {searched.lr_grid}")
+
+
+def test_one_seed_agreement_of_all_tied_configs_warns_nothing():
+    full = {"a": [1.0, 1.0, 1.0], "b": [1.0, 1.0, 1.0]}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        res = one_seed_agreement(full, 20, np.random.default_rng(0))
+    assert res["rho"] != res["rho"]  # NaN: nothing to rank
