@@ -55,6 +55,39 @@ def test_resume_in_process_is_exact(tmp_path, data):
     assert_same_params(tmp_path / "full", tmp_path / "part")
 
 
+def test_a_sequence_encoder_without_ffn_resumes(tmp_path, data):
+    """The demo recipe's encoder (ffn_mult = 0) had a LayerNorm it never used: no optimizer state was saved
+    for it, and the resumed optimizer expected some ("Missing key ... ln2.bias.exp_avg")."""
+    no_ffn = ["model.gem.sequence.ffn_mult=0"]
+    full = train(load_run_config(TINY, FAST + no_ffn + ["train.steps=8"]), tmp_path / "full", data)
+    train(load_run_config(TINY, FAST + no_ffn + ["train.steps=4"]), tmp_path / "part", data)
+    res = train(load_run_config(TINY, FAST + no_ffn + ["train.steps=8"]), tmp_path / "part", data,
+                resume=True)
+    assert res["resumed"]["step"] == 4 and res["last_loss"] == full["last_loss"]
+    assert_same_params(tmp_path / "full", tmp_path / "part")
+
+
+def test_every_dense_parameter_of_the_recipes_models_learns(tmp_path, data):
+    """A parameter that never gets a gradient gets no optimizer state, and then no run of it can resume
+    (above): after one step, every dense parameter of GEM as the demo recipe configures it has one."""
+    from opengem.train.trainer import Trainer
+
+    small = Path(__file__).resolve().parents[1] / "configs" / "small.toml"
+    demo_model = [f"model.gem.{k}={v}" for k, v in _gem_keys(load_run_config(small).model.gem).items()]
+    cfg = load_run_config(TINY, FAST + demo_model)
+    with Trainer(cfg, None, data) as trainer:
+        trainer.train_step(next(iter(trainer.train_loader())).to_device(trainer.device))
+        idle = [n for n, p in trainer.model.named_parameters()  # tables: fused optimizer, no .grad
+                if p.requires_grad and p.grad is None and ".ebc." not in n and ".ecs." not in n]
+    assert idle == []
+
+
+def _gem_keys(gem) -> dict[str, object]:
+    """The demo recipe's GEM sizes that change which blocks exist (the rest keep the tiny recipe's)."""
+    return {"sequence.ffn_mult": gem.sequence.ffn_mult, "cross_layers": gem.cross_layers,
+            "cross_rank": gem.cross_rank}
+
+
 def test_resume_at_an_epoch_boundary_goes_on_into_the_next_epoch(tmp_path, data):
     """A checkpoint taken on an epoch's last step (its loader position: the epoch's end) resumes into the
     next epoch, exactly as a run that never stopped; it used to fail with 'gave no full batch'."""
