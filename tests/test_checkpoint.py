@@ -56,8 +56,8 @@ def test_resume_in_process_is_exact(tmp_path, data):
 
 
 def test_a_sequence_encoder_without_ffn_resumes(tmp_path, data):
-    """The demo recipe's encoder (ffn_mult = 0) had a LayerNorm it never used: no optimizer state was saved
-    for it, and the resumed optimizer expected some ("Missing key ... ln2.bias.exp_avg")."""
+    """The demo recipe's encoder (ffn_mult = 0) has a LayerNorm it never uses: trainable, no optimizer state
+    was saved for it, and the resumed optimizer expected some ("Missing key ... ln2.bias.exp_avg")."""
     no_ffn = ["model.gem.sequence.ffn_mult=0"]
     full = train(load_run_config(TINY, FAST + no_ffn + ["train.steps=8"]), tmp_path / "full", data)
     train(load_run_config(TINY, FAST + no_ffn + ["train.steps=4"]), tmp_path / "part", data)
@@ -68,8 +68,9 @@ def test_a_sequence_encoder_without_ffn_resumes(tmp_path, data):
 
 
 def test_every_dense_parameter_of_the_recipes_models_learns(tmp_path, data):
-    """A parameter that never gets a gradient gets no optimizer state, and then no run of it can resume
-    (above): after one step, every dense parameter of GEM as the demo recipe configures it has one."""
+    """A trainable parameter that never gets a gradient gets no optimizer state, and then no run of it can
+    resume (above): after one step, every trainable dense parameter of GEM as the demo recipe configures it
+    has one."""
     from opengem.train.trainer import Trainer
 
     small = Path(__file__).resolve().parents[1] / "configs" / "small.toml"

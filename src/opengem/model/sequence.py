@@ -196,11 +196,13 @@ class TransformerBlock(nn.Module):
 
     def __init__(self, d: int, num_heads: int, ffn_mult: int, use_rope: bool) -> None:
         super().__init__()
-        # no FFN, no second LayerNorm: an unused parameter gets no optimizer state, and a resumed run's
-        # fresh optimizer (which DCP initialises for every parameter) then expected state the checkpoint
-        # never had ("Missing key ... ln2.bias.exp_avg": the demo recipe, ffn_mult = 0, could not resume)
-        self.ln1 = nn.LayerNorm(d)
-        self.ln2 = nn.LayerNorm(d) if ffn_mult else None
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        if not ffn_mult:
+            # no FFN: ln2 is unused. Trainable, it got no gradient, hence no optimizer state, and a resumed
+            # run's fresh optimizer (which DCP initialises for every trainable parameter) expected state the
+            # checkpoint never had ("Missing key ... ln2.bias.exp_avg": the demo recipe could not resume).
+            # Frozen rather than removed, so that the runs saved before keep their parameter fingerprint.
+            self.ln2.requires_grad_(False)
         self.attn = MultiHeadAttention(d, num_heads, use_rope)
         h = ffn_mult * d
         self.ffn = nn.Sequential(nn.Linear(d, h), nn.GELU(), nn.Linear(h, d)) if ffn_mult else None
@@ -209,7 +211,7 @@ class TransformerBlock(nn.Module):
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         h = self.ln1(x)
         x = x + self.attn(h, h, mask)
-        if self.ffn is not None and self.ln2 is not None:
+        if self.ffn is not None:
             x = x + self.ffn(self.ln2(x))
         return zero_padding(x, mask)
 
