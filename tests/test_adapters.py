@@ -183,6 +183,22 @@ def test_kuairand_limited_histories_causal(tmp_path: Path) -> None:
 
 
 @pytest.mark.realdata
+def test_kuairand_cut_short_before_its_valid_day_is_refused(tmp_path: Path) -> None:
+    """A log that ends before the valid and test days (each log file's first 15,000 rows) made a dataset
+    with empty valid and test splits, marked complete, that its own validate refused."""
+    src, out = tmp_path / "src", tmp_path / "out"
+    src.mkdir()
+    for f in _src("kuairand_pure").iterdir():
+        if f.name.startswith("log_"):
+            pq.write_table(pq.read_table(f).slice(0, 15_000), src / f.name)
+        else:
+            (src / f.name).symlink_to(f)
+    with pytest.raises(AdapterError, match=r"the valid and test splits would have no rows .*convert more"):
+        convert("kuairand_pure", src, out)
+    assert not out.exists() or not any(out.iterdir())
+
+
+@pytest.mark.realdata
 @pytest.mark.slow
 def test_kuairand_full(converted) -> None:
     ds, tables, summary = _check_canonical(converted("kuairand_pure"))

@@ -1,7 +1,9 @@
-"""What a new user walking docs/TRANSFER.md, SCALING.md and ARCHITECTURE.md ran into (session 56's hunt):
-VM recipes refused before the FM trains, the Triton kernel on a CPU run, what to do after Ctrl-C in the
-commands without --resume, the ablation study's budgets, the iso-FLOP plan's advice, a transfer --out that
-is a run folder."""
+"""What new users walking the docs ran into (session 56's two hunts). docs/TRANSFER.md, SCALING.md and
+ARCHITECTURE.md: VM recipes refused before the FM trains, the Triton kernel on a CPU run, what to do after
+Ctrl-C in the commands without --resume, the ablation study's budgets, the iso-FLOP plan's advice, a
+transfer --out that is a run folder. README, DATA.md, SERVING.md: a model name checked before the data is
+simulated, selections that select nothing as usage errors, problem lines, export's and convert's messages,
+simulate's progress in a log."""
 
 from __future__ import annotations
 
@@ -127,3 +129,64 @@ def test_one_seed_agreement_of_all_tied_configs_warns_nothing():
         warnings.simplefilter("error")
         res = one_seed_agreement(full, 20, np.random.default_rng(0))
     assert res["rho"] != res["rho"]  # NaN: nothing to rank
+
+
+# ----------------------------------------------------------------------- README, DATA.md, SERVING.md
+
+
+def test_an_unknown_model_name_is_refused_before_any_data_is_simulated(tmp_path):
+    out = tmp_path / "run"
+    r = _opengem("train", "--config", str(REPO / "configs" / "small.toml"), "--out", str(out),
+                 "model.name=gemm", cwd=tmp_path)
+    assert r.returncode == 2 and "model.name: unknown model 'gemm'; choose one of gem" in r.stderr, r.stderr
+    assert not out.exists()  # it simulated 875k rows into RUN/data first
+
+
+@pytest.mark.parametrize("spec,said", [("@bogus", "unknown partition selector '@bogus'"),
+                                       ("day=999", "no partition matches 'day=999'")])
+def test_a_partition_selection_that_selects_nothing_is_a_usage_error(tmp_path, spec, said):
+    from opengem.data.sim_config import SimConfig
+    from opengem.data.simulate import simulate
+
+    data = tmp_path / "d"
+    simulate(SimConfig(rows=300, days=2, users=40, ads=20, topics=10), data)
+    r = _opengem("validate", "--data", str(data), "--partitions", spec, cwd=tmp_path)
+    assert r.returncode == 2 and said in r.stderr, r.stderr
+
+
+def test_problems_name_column_and_row_only_when_known():
+    from opengem.data.parquet import Problem, ProblemLog
+
+    assert str(Problem("d/_COMPLETE", None, None, "missing", "error")) == "d/_COMPLETE: missing [error]"
+    assert str(Problem("f.parquet", "ad_id", 3, "negative id", "error")) == \
+        "f.parquet: column 'ad_id' row 3: negative id [error]"
+    log = ProblemLog(raise_errors=False)
+    log.add("d/_COMPLETE", None, "missing", "error")
+    assert log.report().splitlines()[1] == "  d/_COMPLETE: missing: 1"
+
+
+def test_export_names_a_missing_folder_and_an_online_run(tmp_path):
+    from opengem.serve.export import load_run
+    from opengem.train.evaluate import RunNotFoundError
+
+    with pytest.raises(RunNotFoundError, match="nosuch: no such folder"):
+        load_run(tmp_path / "nosuch")
+    online = tmp_path / "online"
+    (online / "versions").mkdir(parents=True)
+    (online / "config.toml").write_text("")
+    with pytest.raises(RunNotFoundError, match="an online run keeps its models as published versions"):
+        load_run(online)
+
+
+def test_a_named_dataset_source_that_does_not_exist_is_said_so(tmp_path):
+    from opengem.data.adapters import convert
+    from opengem.data.adapters.common import AdapterError
+
+    with pytest.raises(AdapterError, match="no such folder"):
+        convert("movielens_100k", tmp_path / "nowhere", tmp_path / "out")
+
+
+def test_simulate_writes_no_carriage_returns_into_a_log(tmp_path):
+    r = _opengem("simulate", "--out", str(tmp_path / "d"), "--rows", "300", "--days", "2", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "\r" not in r.stdout + r.stderr

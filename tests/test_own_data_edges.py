@@ -46,11 +46,14 @@ def test_new_rows_through_the_encoders_are_evaluated_on_their_test_split(tmp_pat
                             "train.progress=false"])[0] == 0
     assert run_cli(capsys, ["convert", "table", "--src", str(tmp_path / "day8.csv"), "--encoders", str(data),
                             "--out", str(new)])[0] == 0
+    assert run_cli(capsys, ["evaluate", "--run", str(run), "--partitions", "@test"])[0] == 0
+    own_test = (run / "eval-test.json").read_text()
     before = (run / "eval.json").read_text() if (run / "eval.json").exists() else None
     rc, err = run_cli(capsys, ["evaluate", "--run", str(run), "--data", str(new), "--partitions", "@test"])
     assert rc == 0, err
-    out = json.loads((run / "eval-test.json").read_text())
+    out = json.loads((run / "eval-mine-day8-test.json").read_text())  # named by the dataset it read
     assert out["rows"] == 300 and out["partitions"] == ["test"]
+    assert (run / "eval-test.json").read_text() == own_test  # the run's own test result is kept
     after = (run / "eval.json").read_text() if (run / "eval.json").exists() else None
     assert after == before  # the run's own default evaluation is not overwritten by other data's test split
 

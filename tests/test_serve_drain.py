@@ -52,7 +52,9 @@ def wait_listening(proc: subprocess.Popen) -> int:  # type: ignore[type-arg]
     raise AssertionError(f"server did not start: {proc.stderr.read()}")
 
 
-def test_sigterm_finishes_the_request_in_flight_and_exits_0() -> None:
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_sigterm_finishes_the_request_in_flight_and_exits_0(signum: int) -> None:
+    """SIGTERM, and Ctrl-C as docs/SERVING.md says (it exited 130, "interrupted", without draining)."""
     proc = subprocess.Popen([sys.executable, "-c", SERVER_SCRIPT], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
@@ -61,7 +63,7 @@ def test_sigterm_finishes_the_request_in_flight_and_exits_0() -> None:
         t = threading.Thread(target=lambda: result.append(post(port, request(2))))
         t.start()
         time.sleep(0.5)  # the request is inside the slow model now
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signum)
         t.join(30)
         out, err = proc.communicate(timeout=30)
     finally:

@@ -80,9 +80,9 @@ class Problem:
     action: str
 
     def __str__(self) -> str:
-        col = f" column {self.column!r}" if self.column is not None else ""
-        row = f" row {self.row}" if self.row is not None else ""
-        return f"{self.file}:{col}{row}: {self.what} [{self.action}]"
+        where = " ".join(part for part in (f"column {self.column!r}" if self.column is not None else "",
+                                            f"row {self.row}" if self.row is not None else "") if part)
+        return f"{self.file}{': ' + where if where else ''}: {self.what} [{self.action}]"
 
 
 class ProblemLog:
@@ -137,7 +137,7 @@ class ProblemLog:
             return "no problems"
         lines = [f"{self.total} problem(s):"]
         for (file, col, what), n in sorted(self.counts.items()):
-            lines.append(f"  {file}: column {col or '-'}: {what}: {n}")
+            lines.append(f"  {file}: {f'column {col}: ' if col else ''}{what}: {n}")
         return "\n".join(lines)
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -223,7 +224,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     cfg = SimConfig(**{f: getattr(args, f) for f in _FLAGS.values()})
-    summary = simulate(cfg, args.out, force=args.force, progress=not args.quiet)
+    # the progress line rewrites itself with \r: only on a terminal (a log got every chunk's, run together)
+    summary = simulate(cfg, args.out, force=args.force, progress=not args.quiet and sys.stdout.isatty())
     print(f"wrote {cfg.rows:,} rows over {cfg.days} days to {args.out} in {summary['seconds']:.1f}s "
           f"({summary['rows_per_s']:,.0f} rows/s, mean history {summary['mean_seq_len']:.1f} events)")
     title = "oracle NE (true probabilities as predictions; base rate = observed rate of that surface x task)"

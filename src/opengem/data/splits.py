@@ -40,7 +40,13 @@ import fnmatch
 import re
 from pathlib import Path
 
-from opengem.errors import DatasetError
+from opengem.errors import DatasetError, UsageError
+
+
+class SelectionError(UsageError, DatasetError):
+    """A partition selection (``--partitions``, ``data.train`` / ``data.eval``) that names no partition of
+    the dataset, an unknown selector, or training and evaluation partitions that overlap: the command line
+    or config is wrong, not the data (exit 2)."""
 
 TIME, NAMED, OTHER = "time", "named", "other"
 NAMED_SPLITS = ("train", "valid", "test")
@@ -62,11 +68,11 @@ def spec_tokens(spec: str) -> list[str]:
     """The tokens of a spec; a DatasetError for an empty spec or an unknown ``@`` selector."""
     tokens = [t.strip() for t in str(spec).split(",") if t.strip()]
     if not tokens:
-        raise DatasetError(f"empty partition spec {spec!r}: use a selector ({', '.join(SELECTORS)}) "
+        raise SelectionError(f"empty partition spec {spec!r}: use a selector ({', '.join(SELECTORS)}) "
                            "or partition names such as 'day=00[0-4]'")
     for t in tokens:
         if t.startswith("@") and t not in SELECTORS:
-            raise DatasetError(f"unknown partition selector {t!r} in {spec!r}: use one of "
+            raise SelectionError(f"unknown partition selector {t!r} in {spec!r}: use one of "
                                f"{', '.join(SELECTORS)} or partition names such as 'day=00[0-4]'")
     return tokens
 
@@ -85,23 +91,23 @@ def _selector(root: str | Path, parts: list[str], kind: str, token: str) -> list
             return parts[-1:]
         if token in ("@all_but_last", "@train"):
             if len(parts) < 2:
-                raise DatasetError(f"{root}: {token!r} is every day but the last, and the dataset has one "
+                raise SelectionError(f"{root}: {token!r} is every day but the last, and the dataset has one "
                                    f"day ({have}): it needs at least two days (or name the partitions)")
             return parts[:-1]
-        raise DatasetError(f"{root}: '@test' needs named splits (train/valid/test) and this dataset is "
+        raise SelectionError(f"{root}: '@test' needs named splits (train/valid/test) and this dataset is "
                            f"partitioned by day ({parts[0]} .. {parts[-1]}): name the held-out day(s), "
                            f"e.g. {parts[-1]!r}, or evaluate on the last day with '@valid'")
     if kind == NAMED:
         if token in ("@last", "@all_but_last"):
-            raise DatasetError(f"{root}: {token!r} needs day=NNN partitions in time order, and this dataset "
-                               f"declares named splits ({have}) whose name order is not time order: use "
-                               "'@train', '@valid' or '@test'")
+            raise SelectionError(f"{root}: {token!r} needs day=NNN partitions in time order, and this "
+                                 f"dataset declares named splits ({have}) whose name order is not time "
+                                 "order: use '@train', '@valid' or '@test'")
         name = token[1:]
         if name not in parts:
-            raise DatasetError(f"{root}: {token!r} selects the {name!r} split, which this dataset does not "
+            raise SelectionError(f"{root}: {token!r} selects the {name!r} split, which this dataset does not "
                                f"have (have: {have})")
         return [name]
-    raise DatasetError(f"{root}: {token!r} needs day=NNN partitions or named splits train/valid/test, and "
+    raise SelectionError(f"{root}: {token!r} needs day=NNN partitions or named splits train/valid/test, and "
                        f"this dataset's partitions ({have}) are neither: select them by name or pattern")
 
 
@@ -124,7 +130,8 @@ def select_partitions(root: str | Path, parts: list[str], spec: str = "@all") ->
         else:
             hits = [p for p in parts if fnmatch.fnmatch(p, token)]
         if not hits:
-            raise DatasetError(f"{root}: no partition matches {token!r} (have: {', '.join(parts) or 'none'})")
+            raise SelectionError(f"{root}: no partition matches {token!r} "
+                                 f"(have: {', '.join(parts) or 'none'})")
         chosen += [h for h in hits if h not in chosen]
     return chosen
 
@@ -139,7 +146,7 @@ def check_disjoint(train_parts: list[str], eval_parts: list[str], root: str | Pa
     shared = [p for p in eval_parts if p in train_parts]
     if shared:
         where = f"{root}: " if str(root) else ""
-        raise DatasetError(f"{where}data.train ({train_spec or ','.join(train_parts)!r}) and data.eval "
+        raise SelectionError(f"{where}data.train ({train_spec or ','.join(train_parts)!r}) and data.eval "
                            f"({eval_spec or ','.join(eval_parts)!r}) both select {', '.join(shared)}: "
                            f"evaluating on training rows overstates quality; choose disjoint partitions "
                            f"(e.g. {_RECIPE})")

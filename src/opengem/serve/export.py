@@ -46,7 +46,7 @@ from opengem.train import checkpoint as ckpt
 from opengem.train.calibration import apply_run_calibration
 from opengem.train.config import load_run_config
 from opengem.train.distributed import process_group
-from opengem.train.evaluate import RunNotFoundError, run_checkpoint
+from opengem.train.evaluate import own_checkpoint
 from opengem.train.parallelize import build_run_model
 from opengem.train.published import VersionError, parse_fm_spec, read_version, version_files
 from opengem.transfer.versions import max_ts
@@ -341,11 +341,9 @@ def load_run(spec: str | Path) -> LoadedRun:
     """The trained model of ``RUN`` (newest/best checkpoint) or ``RUN@version``, unsharded, on CPU."""
     run, version = parse_run_spec(spec)
     ckpt_path: Path
-    if version is None:
+    if version is None:  # a missing folder, not a run, an online run: each said as such
         cfg_path = run / "config.toml"
-        if not cfg_path.exists():
-            raise RunNotFoundError(f"{run}: no config.toml (is it a training run folder?)")
-        ckpt_path, _best = run_checkpoint(run)
+        ckpt_path, _best = own_checkpoint(run)
         trained_through: int | None = None
     else:
         try:  # this version's manifest only: another version's damaged one must not block it

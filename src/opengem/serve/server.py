@@ -353,18 +353,20 @@ class ModelServer:
     def serve_forever(self) -> None:
         """Serve in this (main) thread until SIGTERM or SIGINT, then drain and return.
 
-        uvicorn re-raises the signal it caught once it has drained; a no-op SIGTERM handler installed
-        first makes that a clean return (exit 0) instead of the default handler's kill.
+        uvicorn re-raises the signal it caught once it has drained; no-op SIGTERM and SIGINT handlers
+        installed first make that a clean return (exit 0, Ctrl-C included, as docs/SERVING.md says) instead
+        of the default handler's kill (SIGTERM) or a KeyboardInterrupt (SIGINT: exit 130, "interrupted").
         """
         server, sock = self._make_uvicorn()
         self._port = sock.getsockname()[1]
         log.warning("opengem serve: listening on http://%s:%d (model %s; http %s, loop %s)", self.cfg.host,
                     self._port, getattr(self.holder.current(), "version", "?"), self.http, self.loop)
-        previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
+        previous = {s: signal.signal(s, lambda signum, frame: None) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
             server.run(sockets=[sock])
         finally:
-            signal.signal(signal.SIGTERM, previous)
+            for s, handler in previous.items():
+                signal.signal(s, handler)
 
     def start_in_thread(self, timeout: float = 30.0) -> int:
         """Serve from a background thread (tests, the benchmark); returns the bound port once it answers."""

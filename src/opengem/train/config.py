@@ -14,7 +14,7 @@ from typing import Any
 from opengem.config import ConfigError, load_config, require_finite
 from opengem.data.splits import spec_tokens
 from opengem.errors import DatasetError
-from opengem.model.registry import ModelConfig
+from opengem.model.registry import MODEL_NAMES, ModelConfig
 from opengem.ops.cpu_autocast import THIN_CHOICES  # train.cpu_bf16_thin
 from opengem.train.early_stop import EarlyStopConfig
 
@@ -134,6 +134,10 @@ class RunConfig:
                 raise ConfigError(f"{key}: {msg} (got {value!r})")
 
         require_finite((t, "train."))  # NaN passes every range check below as false
+        # before any data is simulated or read (a typo in model.name was said after simulating the stream)
+        if self.model.name not in MODEL_NAMES:
+            raise ConfigError(f"model.name: unknown model {self.model.name!r}; choose one of "
+                              f"{', '.join(MODEL_NAMES)}")
         need(t.sparse_eps > 0, "train.sparse_eps", "must be > 0", t.sparse_eps)
         need(t.dist_timeout_s <= 10**9, "train.dist_timeout_s", "must be <= 1e9 seconds", t.dist_timeout_s)
         need(t.device in DEVICES, "train.device", f"must be one of {', '.join(DEVICES)}", t.device)

@@ -148,11 +148,15 @@ def run_checkpoint(run_dir: Path) -> tuple[Path, bool]:
     return ckpt.latest_checkpoint(run_dir, run_id=run_id), False  # only the run's own
 
 
-def eval_file_name(spec: str, version: int | None = None) -> str:
+def eval_file_name(spec: str, version: int | None = None, dataset: str | None = None) -> str:
     """``eval-<spec>.json`` with the spec made a safe file name: ``@valid`` -> ``eval-valid.json``; of a
-    published version, ``eval-v0003-valid.json``."""
-    safe = re.sub(r"[^A-Za-z0-9._=-]+", "_", spec).strip("_.") or "all"
-    return f"eval-{'' if version is None else f'v{version:04d}-'}{safe}.json"
+    published version, ``eval-v0003-valid.json``; of another dataset than the run's (``--data``), its
+    folder's name too, ``eval-<dataset>-test.json``, so that it never replaces the run's own result."""
+    def safe(text: str) -> str:
+        return re.sub(r"[^A-Za-z0-9._=-]+", "_", text).strip("_.") or "all"
+
+    where = "" if dataset is None else f"{safe(dataset)}-"
+    return f"eval-{'' if version is None else f'v{version:04d}-'}{where}{safe(spec)}.json"
 
 
 @dataclass
@@ -179,7 +183,20 @@ class OpenRun:
         return "best (early stopping)" if self.best else "newest"
 
 
-def _not_a_run(run_dir: Path) -> str:
+def own_checkpoint(run_dir: Path) -> tuple[Path, bool]:
+    """:func:`run_checkpoint` of a run folder named without a version, or a RunNotFoundError that says what
+    the folder is: none, not a run, or an online run (whose models are its published versions)."""
+    if not (run_dir / CONFIG_FILE).exists():
+        raise RunNotFoundError(not_a_run(run_dir))
+    if not (run_dir / ckpt.CHECKPOINTS).is_dir() and (run_dir / VERSIONS).is_dir():
+        known = _published(run_dir)
+        raise RunNotFoundError(
+            f"{run_dir}: an online run keeps its models as published versions ({run_dir / VERSIONS}): "
+            + (f"name one, e.g. {run_dir}@{known[-1]} (the newest)" if known else "none is published yet"))
+    return run_checkpoint(run_dir)
+
+
+def not_a_run(run_dir: Path) -> str:
     """Why ``run_dir`` is not a run folder, in the words that help."""
     if not run_dir.exists():
         return f"{run_dir}: no such folder"
@@ -220,7 +237,7 @@ def open_run(run_dir: str | Path, data_dir: str | Path | None = None, device: st
     run's calibration is fitted on the run's own checkpoints and never applies to a version."""
     run_dir, version = split_version(run_dir)
     if not (run_dir / CONFIG_FILE).exists():
-        raise RunNotFoundError(_not_a_run(run_dir))
+        raise RunNotFoundError(not_a_run(run_dir))
     best = False
     if version is not None:
         try:  # this version's manifest only: another version's damaged one must not block it
@@ -230,14 +247,8 @@ def open_run(run_dir: str | Path, data_dir: str | Path | None = None, device: st
             raise RunNotFoundError(f"{run_dir}@{version}: {e}" + (
                 f" (published: {', '.join(str(n) for n in known)})" if known else "")) from None
     else:
-        if not (run_dir / ckpt.CHECKPOINTS).is_dir() and (run_dir / VERSIONS).is_dir():
-            known = _published(run_dir)
-            raise RunNotFoundError(
-                f"{run_dir}: an online run keeps its models as published versions ({run_dir / VERSIONS}): "
-                + (f"name one, e.g. {run_dir}@{known[-1]} (the newest)" if known
-                   else "none is published yet"))
         cfg_path = run_dir / CONFIG_FILE
-        path, best = run_checkpoint(run_dir)
+        path, best = own_checkpoint(run_dir)
     cfg = load_run_config(cfg_path)
     prepare_compile(cfg)  # a compiled run evaluates with the same persistent compile cache
     data_path = Path(data_dir or cfg.data.path)
@@ -288,8 +299,9 @@ def evaluate_run(run_dir: str | Path, data_dir: str | Path | None = None, partit
         ne = {**acc.results(), **acc.pooled_by_task().results()}
         out["oracle"] = {k: (v if v == v else None) for k, v in ne.items()}
     if write:
-        names = [eval_file_name(spec, version)]
-        if partitions is None or _default_selection(ds, cfg.data.eval) == chosen:
+        own = data_dir is None or Path(data_dir).resolve() == Path(cfg.data.path).resolve()
+        names = [eval_file_name(spec, version, None if own else Path(data_path).resolve().name)]
+        if own and (partitions is None or _default_selection(ds, cfg.data.eval) == chosen):
             # the default selection: where the report and older readers look
             names.append("eval.json" if version is None else f"eval-v{version:04d}.json")
         for name in names:

@@ -383,6 +383,12 @@ def write_dataset(
     for name, table in tables.items():
         if not table.schema.equals(target):
             raise AdapterError(f"{out}/{name}: table schema differs from arrow_schema(schema)")
+    empty = [name for name, table in tables.items() if table.num_rows == 0]
+    if empty:  # a dataset its own validate refuses, which training would fail on: said before it is written
+        several = len(empty) > 1
+        raise AdapterError(f"{out}: the {' and '.join(empty)} split{'s' if several else ''} would have no "
+                           f"rows ({split_rule}); the source ends before {'them' if several else 'it'}: "
+                           "convert more of it (a larger --limit, or the whole log)")
     splits: dict[str, Any] = {}
     for name, table in tables.items():
         ts = table[schema.time_column]
@@ -428,6 +434,8 @@ def sparse_specs(vocabs: Mapping[str, int], dims: Mapping[str, int] | None = Non
 
 
 def require_files(src: Path, names: Sequence[str]) -> None:
+    if not Path(src).is_dir():
+        raise AdapterError(f"{src}: no such folder (--src names the folder that holds {', '.join(names)})")
     missing = [n for n in names if not (src / n).exists()]
     if missing:
         raise AdapterError(f"{src}: missing source file(s) {', '.join(missing)}")
