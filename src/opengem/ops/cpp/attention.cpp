@@ -110,6 +110,24 @@ struct Keys {
   }
 };
 
+// out[0..D) = scale * sum_j w[j] * rows[j][0..D) over Lk rows of Dp floats (db vector blocks): the
+// attention output (values weighted by probabilities) and dq (keys weighted by score gradients), with one
+// broadcast and D/W vector FMAs per row, no horizontal sums
+template <int DC>
+inline void weighted_rows(const float* w, const float* rows, int64_t Lk, int64_t Dp, int64_t db, float scale,
+                          float* out, int64_t D) {
+  vf acc[Blocks<DC>::value];
+  for (int64_t c = 0; c < db; ++c) acc[c] = vf{};
+  for (int64_t j = 0; j < Lk; ++j) {
+    const float wj = w[j];
+    const float* row = rows + j * Dp;
+    for (int64_t c = 0; c < db; ++c) acc[c] += wj * vload(row + c * W);
+  }
+  float buf[Blocks<DC>::value * W];
+  for (int64_t c = 0; c < db; ++c) vstore(buf + c * W, acc[c] * scale);
+  for (int64_t d = 0; d < D; ++d) out[d] = buf[d];
+}
+
 template <int DC, int NB>
 void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const uint8_t* mask,
                   int64_t msb, int64_t msl, at::Tensor& out, at::Tensor& lse, int64_t Drt) {
@@ -145,18 +163,7 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
           vstore(p + nb * W, s[nb]);
         }
         const float l = hsum(sum);
-        const float inv = 1.f / l;
-        vf o[Blocks<DC>::value];
-        for (int64_t c = 0; c < db; ++c) o[c] = vf{};
-        for (int64_t j = 0; j < Lk; ++j) {
-          const float pj = p[j];
-          const float* vj = &r.vr[j * r.Dp];
-          for (int64_t c = 0; c < db; ++c) o[c] += pj * vload(vj + c * W);
-        }
-        float ob[Blocks<DC>::value * W];
-        for (int64_t c = 0; c < db; ++c) vstore(ob + c * W, o[c] * inv);
-        float* orow = O + ((b * Lq + i) * H + h) * D;
-        for (int64_t d = 0; d < D; ++d) orow[d] = ob[d];
+        weighted_rows<DC>(p, r.vr.data(), Lk, r.Dp, db, 1.f / l, O + ((b * Lq + i) * H + h) * D, D);
         LSE[(b * H + h) * Lq + i] = m + std::log(l);
       }
     }
@@ -219,17 +226,7 @@ void backward_impl(const at::Tensor& dout, const at::Tensor& q, const at::Tensor
             vstore(dkd + nb * W, vload(dkd + nb * W) + ds[nb] * qd);
           }
         }
-        vf g[Blocks<DC>::value];
-        for (int64_t c = 0; c < db; ++c) g[c] = vf{};
-        for (int64_t j = 0; j < Lk; ++j) {
-          const float sj = dsa[j];
-          const float* kj = &r.kr[j * r.Dp];
-          for (int64_t c = 0; c < db; ++c) g[c] += sj * vload(kj + c * W);
-        }
-        float gb[Blocks<DC>::value * W];
-        for (int64_t c = 0; c < db; ++c) vstore(gb + c * W, g[c]);
-        float* dqo = DQ + ((b * Lq + i) * H + h) * D;
-        for (int64_t d = 0; d < D; ++d) dqo[d] = gb[d];
+        weighted_rows<DC>(dsa, r.kr.data(), Lk, r.Dp, db, 1.f, DQ + ((b * Lq + i) * H + h) * D, D);
       }
       for (int64_t j = 0; j < Lk; ++j) {
         float* dko = DK + ((b * Lk + j) * H + h) * D;
