@@ -206,3 +206,23 @@ def test_a_failed_command_collects_its_cycles_before_the_process_exits(tmp_path,
                    "--out", str(tmp_path / "o")])
     assert rc == 1 and "missing your column(s) clik" in capsys.readouterr().err
     assert calls  # collected after the error, before main returned
+
+
+def test_a_transfer_rerun_of_another_config_keeps_the_earlier_results(tmp_path):
+    """Re-running into the same --out reuses the earlier work; the earlier transfer.json (say, of other
+    arms) was replaced without a word. Now it is moved aside when the config differs."""
+    import json
+
+    from opengem.transfer.experiment import keep_earlier_result
+
+    path = tmp_path / "transfer.json"
+    assert keep_earlier_result(path, {"arms": ["baseline"]}) is None  # nothing yet
+    path.write_text(json.dumps({"config": {"arms": ["baseline", "kd"]}, "arms": {"kd": 1}}))
+    assert keep_earlier_result(path, {"arms": ["baseline", "kd"]}) is None  # the same config: replaced
+    assert path.exists()
+    kept = keep_earlier_result(path, {"arms": ["baseline"]})
+    assert kept is not None and kept.name.startswith("transfer-") and not path.exists()
+    assert json.loads(kept.read_text())["arms"] == {"kd": 1}
+    path.write_text(json.dumps({"config": {"arms": ["kd"]}}))
+    again = keep_earlier_result(path, {"arms": ["baseline"]})  # the same second: a new name, nothing lost
+    assert again is not None and again != kept and kept.exists()

@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
+from opengem.data.commit import atomic_write_text
 from opengem.errors import UsageError
 from opengem.train.distributed import process_group
 from opengem.train.env import cpu_threads, resolve_device
@@ -65,6 +66,27 @@ def check_transfer_folder(out: Path) -> None:
     if holds_run(out) or (out / RUN_FILE).exists():
         raise UsageError(f"{out}: this is a training run's folder, not a transfer experiment's; choose "
                          "another --out")
+
+
+def keep_earlier_result(path: Path, config: dict[str, Any]) -> Path | None:
+    """Move an earlier ``transfer.json`` of another config aside (``transfer-<UTC time>.json``) before the
+    new one replaces it, and return where: a re-run into the same --out reuses the earlier work, and its
+    results, e.g. of other arms, were overwritten without a word. The same config's are simply replaced."""
+    if not path.exists():
+        return None
+    try:
+        same = json.loads(path.read_text()).get("config") == json.loads(json.dumps(_jsonable(config)))
+    except (OSError, ValueError, AttributeError):
+        same = False
+    if same:
+        return None
+    dest = path.with_name(f"transfer-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json")
+    n = 1
+    while dest.exists():
+        n += 1
+        dest = dest.with_name(f"{dest.stem.split('.')[0]}.{n}.json")
+    path.rename(dest)
+    return dest
 
 
 def run_experiment(cfg: ExperimentConfig, out: str | Path, log: Any = print) -> dict[str, Any]:
@@ -172,7 +194,10 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path, log: Any = print) -> 
         "fm_train_seconds": [r.fm_train_s for r in runs],
         "seconds": time.perf_counter() - t0,
     }
-    (out / "transfer.json").write_text(json.dumps(_jsonable(result), indent=2))
+    kept = keep_earlier_result(out / "transfer.json", result["config"])
+    if kept is not None:
+        log(f"an earlier experiment of another config here: its results moved to {kept}")
+    atomic_write_text(out / "transfer.json", json.dumps(_jsonable(result), indent=2))
     if sweep:
         staleness_plot(sweep, str(out / "staleness.png"))
     if calib:
