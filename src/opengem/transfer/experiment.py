@@ -80,11 +80,11 @@ def keep_earlier_result(path: Path, config: dict[str, Any]) -> Path | None:
         same = False
     if same:
         return None
-    dest = path.with_name(f"transfer-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json")
-    n = 1
+    stem = f"transfer-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
+    dest, n = path.with_name(f"{stem}.json"), 1
     while dest.exists():
         n += 1
-        dest = dest.with_name(f"{dest.stem.split('.')[0]}.{n}.json")
+        dest = path.with_name(f"{stem}.{n}.json")
     path.rename(dest)
     return dest
 

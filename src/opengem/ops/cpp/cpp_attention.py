@@ -122,7 +122,8 @@ def _build() -> bool:
         from torch.utils.cpp_extension import load
 
         folder.mkdir(parents=True, exist_ok=True)
-        os.environ["PATH"] = os.pathsep.join([_ninja_dir(), path]) if _ninja_dir() else path
+        ninja = _ninja_dir()
+        os.environ["PATH"] = os.pathsep.join([ninja, path]) if ninja else path
         load(name=name, sources=[str(_SOURCE)], is_python_module=False, extra_cflags=cflags,
              build_directory=str(folder), verbose=False)
         done.write_text(f"{torch.__version__}\n")
